@@ -1,0 +1,69 @@
+"""T5Config and the presets of T5 1.0 and T5 1.1 (the LM-adapted "lm100k" checkpoints share 1.1's)."""
+import dataclasses
+from typing import Any, Tuple
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Hyper-parameters of a T5 encoder-decoder, named as in t5x's `examples/t5/network.py`."""
+  vocab_size: int = 32128
+  dtype: Any = jnp.bfloat16  # activation dtype; parameters are float32 (or as loaded)
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  # ('relu',) for T5 1.0; ('gelu', 'linear') -- gated gelu -- for T5 1.1.
+  mlp_activations: Tuple[str, ...] = ("relu",)
+  dropout_rate: float = 0.1
+  # T5 1.0 ties the output projection to the token embedding; T5 1.1 has `logits_dense`.
+  logits_via_embedding: bool = True
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  # Remat policy for layers: 'none' or 'full' (recompute each layer in the backward pass).
+  remat_policy: str = "none"
+
+  def replace(self, **changes) -> "T5Config":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def is_gated(self) -> bool:
+    return len(self.mlp_activations) > 1
+
+
+def _t5_1_0(emb_dim, num_heads, num_layers, head_dim, mlp_dim) -> T5Config:
+  return T5Config(emb_dim=emb_dim, num_heads=num_heads, num_encoder_layers=num_layers,
+                  num_decoder_layers=num_layers, head_dim=head_dim, mlp_dim=mlp_dim,
+                  mlp_activations=("relu",), logits_via_embedding=True)
+
+
+def _t5_1_1(emb_dim, num_heads, num_layers, head_dim, mlp_dim) -> T5Config:
+  return T5Config(emb_dim=emb_dim, num_heads=num_heads, num_encoder_layers=num_layers,
+                  num_decoder_layers=num_layers, head_dim=head_dim, mlp_dim=mlp_dim,
+                  mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+
+
+PRESETS = {
+    # T5 1.0 (Raffel et al. 2020), as t5x's gin/t5_{size}.gin.
+    "t5_1_0_small": _t5_1_0(512, 8, 6, 64, 2048),
+    "t5_1_0_base": _t5_1_0(768, 12, 12, 64, 3072),
+    "t5_1_0_large": _t5_1_0(1024, 16, 24, 64, 4096),
+    "t5_1_0_3b": _t5_1_0(1024, 32, 24, 128, 16384),
+    "t5_1_0_11b": _t5_1_0(1024, 128, 24, 128, 65536),
+    # T5 1.1 and the LM-adapted T5 1.1 (lm100k), as t5x's gin/t5_1_1_{size}.gin.
+    "t5_1_1_small": _t5_1_1(512, 6, 8, 64, 1024),
+    "t5_1_1_base": _t5_1_1(768, 12, 12, 64, 2048),
+    "t5_1_1_large": _t5_1_1(1024, 16, 24, 64, 2816),
+    "t5_1_1_xl": _t5_1_1(2048, 32, 24, 64, 5120),
+    "t5_1_1_xxl": _t5_1_1(4096, 64, 24, 64, 10240),
+}
+
+
+def get_config(name: str, **overrides) -> T5Config:
+  """A preset by name (e.g. 't5_1_1_base'), with field overrides."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown T5 preset {name!r}; choose one of {sorted(PRESETS)}")
+  return PRESETS[name].replace(**overrides)

@@ -1,0 +1,304 @@
+"""Building blocks of T5, numerically as t5x's `examples/t5/layers.py`.
+
+Every parameter is created through `_param` with t5x's logical axis names (`vocab`, `embed`, `mlp`,
+`heads`, `kv`, `joined_kv`, `relpos_buckets`), so `partitioning.py` can map it onto a mesh; the
+parameter names are the checkpoint paths t5x writes.
+"""
+import functools
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Array = jax.Array
+DType = Any
+Initializer = Callable[..., Array]
+# A key/value prefix for self-attention: ([batch, prefix, heads, kv], [batch, prefix, heads, kv]).
+KVPrefix = Tuple[Array, Array]
+
+default_embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def constrain(x: Array, names: Sequence[Optional[str]]) -> Array:
+  """A logical sharding constraint on an activation (a no-op outside a mesh)."""
+  return nn.with_logical_constraint(x, tuple(names))
+
+
+def _param(module: nn.Module, name: str, init: Initializer, shape: Tuple[int, ...],
+           axes: Tuple[str, ...]) -> Array:
+  """A float32 parameter that carries its logical axis names."""
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class LayerNorm(nn.Module):
+  """T5's RMS layer norm: no mean subtraction, no bias, statistics in float32."""
+  epsilon: float = 1e-6
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)  # [batch, length, 1]
+    y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+    return y * jnp.asarray(scale, self.dtype)
+
+
+class DenseGeneral(nn.Module):
+  """A dense layer whose kernel is stored 2-D ([prod(in), prod(out)]) as in t5x checkpoints."""
+  features: Tuple[int, ...]
+  axis: Tuple[int, ...] = (-1,)
+  kernel_axes: Tuple[str, ...] = ()
+  dtype: DType = jnp.float32
+  kernel_init: Initializer = default_kernel_init
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    features = tuple(self.features)
+    axis = tuple(a % inputs.ndim for a in self.axis)
+    in_shape = tuple(inputs.shape[a] for a in axis)
+    kernel = _param(self, "kernel", self.kernel_init,
+                    (int(np.prod(in_shape)), int(np.prod(features))), self.kernel_axes)
+    kernel = jnp.reshape(jnp.asarray(kernel, self.dtype), in_shape + features)
+    inputs = jnp.asarray(inputs, self.dtype)
+    contract = (axis, tuple(range(len(axis))))
+    return lax.dot_general(inputs, kernel, (contract, ((), ())))
+
+
+class Embed(nn.Module):
+  """The token embedding table [vocab, embed]; `attend` gives tied output logits."""
+  num_embeddings: int
+  features: int
+  dtype: DType = jnp.float32
+  embedding_init: Initializer = default_embed_init
+
+  def setup(self):
+    self.embedding = _param(self, "embedding", self.embedding_init,
+                            (self.num_embeddings, self.features), ("vocab", "embed"))
+
+  def __call__(self, inputs: Array) -> Array:
+    # [batch, length] -> [batch, length, embed]
+    return jnp.take(jnp.asarray(self.embedding, self.dtype), inputs, axis=0)
+
+  def attend(self, query: Array) -> Array:
+    # [batch, length, embed] x [vocab, embed] -> [batch, length, vocab]
+    return jnp.dot(query, jnp.asarray(self.embedding, self.dtype).T)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  if name == "linear":
+    return lambda x: x
+  if name == "gelu":
+    return functools.partial(nn.gelu, approximate=True)  # T5 1.1 (HF "gelu_new")
+  return getattr(nn, name)
+
+
+class MlpBlock(nn.Module):
+  """Feed-forward block: `wi` (one activation) or gated `wi_0`, `wi_1`, then `wo`."""
+  intermediate_dim: int
+  activations: Tuple[str, ...] = ("relu",)
+  dropout_rate: float = 0.1
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs: Array, deterministic: bool = True) -> Array:
+    hidden = None
+    for idx, act in enumerate(self.activations):
+      name = "wi" if len(self.activations) == 1 else f"wi_{idx}"
+      x = DenseGeneral((self.intermediate_dim,), kernel_axes=("embed", "mlp"), dtype=self.dtype,
+                       name=name)(inputs)  # [batch, length, mlp]
+      x = _activation(act)(x)
+      hidden = x if hidden is None else hidden * x
+    hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
+    hidden = constrain(hidden, ("batch", "length", "mlp"))
+    return DenseGeneral((inputs.shape[-1],), kernel_axes=("mlp", "embed"), dtype=self.dtype,
+                        name="wo")(hidden)  # [batch, length, embed]
+
+
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> np.ndarray:
+  """T5's bucketing of key-minus-query distances (exact for small, log-spaced for large)."""
+  ret = 0
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  val_if_large = max_exact + (
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
+      np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  return ret + np.where(is_small, n, val_if_large)
+
+
+class RelativePositionBiases(nn.Module):
+  """One table [heads, buckets] per stack; returns biases [1, heads, q_len, k_len]."""
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: DType = jnp.float32
+  embedding_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+  @nn.compact
+  def __call__(self, qlen: int, klen: int, bidirectional: bool = True) -> Array:
+    context_position = np.arange(qlen, dtype=np.int32)[:, None]
+    memory_position = np.arange(klen, dtype=np.int32)[None, :]
+    rp_bucket = relative_position_bucket(memory_position - context_position, bidirectional,
+                                         self.num_buckets, self.max_distance)  # [q, k]
+    table = _param(self, "rel_embedding", self.embedding_init,
+                   (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    table = jnp.asarray(table, self.dtype)
+    # A one-hot contraction instead of a gather: faster on TPUs, exact everywhere.
+    one_hot = jnp.asarray(rp_bucket[None, ...] == np.arange(self.num_buckets)[:, None, None],
+                          self.dtype)  # [buckets, q, k]
+    values = lax.dot_general(table, one_hot, (((1,), (0,)), ((), ())))  # [heads, q, k]
+    return values[None, ...]  # [1, heads, q, k]
+
+
+def make_attention_mask(query_input: Array, key_input: Array,
+                        pairwise_fn: Callable = jnp.multiply, dtype: DType = jnp.float32) -> Array:
+  """[batch, q] x [batch, k] -> [batch, 1, q, k]."""
+  mask = pairwise_fn(jnp.expand_dims(query_input, -1), jnp.expand_dims(key_input, -2))
+  return jnp.expand_dims(mask, -3).astype(dtype)
+
+
+def make_causal_mask(x: Array, dtype: DType = jnp.float32) -> Array:
+  idxs = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape)
+  return make_attention_mask(idxs, idxs, jnp.greater_equal, dtype=dtype)
+
+
+def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32) -> Optional[Array]:
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  mask = masks[0]
+  for other in masks[1:]:
+    mask = jnp.logical_and(mask, other)
+  return mask.astype(dtype)
+
+
+def combine_biases(*biases: Optional[Array]) -> Optional[Array]:
+  biases = [b for b in biases if b is not None]
+  if not biases:
+    return None
+  out = biases[0]
+  for other in biases[1:]:
+    out = out + other
+  return out
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """T5 attention: no 1/sqrt(d) on the logits (folded into the query init), optional KV cache.
+
+  `kv_prefix` prepends per-example keys/values (deep prompts); they are always attended and get
+  no relative position bias.
+  """
+  num_heads: int
+  head_dim: int
+  dtype: DType = jnp.float32
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+  float32_logits: bool = True
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array] = None,
+               bias: Optional[Array] = None, *, kv_prefix: Optional[KVPrefix] = None,
+               decode: bool = False, deterministic: bool = True) -> Array:
+    features = (self.num_heads, self.head_dim)
+    depth_scaling = jnp.sqrt(self.head_dim).astype(jnp.float32)
+    query_init = lambda *args: self.kernel_init(*args) / depth_scaling
+    dense = functools.partial(DenseGeneral, features=features, axis=(-1,),
+                              kernel_axes=("embed", "joined_kv"), dtype=self.dtype)
+    query = dense(kernel_init=query_init, name="query")(inputs_q)  # [batch, q, heads, kv]
+    key = dense(kernel_init=self.kernel_init, name="key")(inputs_kv)  # [batch, k, heads, kv]
+    value = dense(kernel_init=self.kernel_init, name="value")(inputs_kv)  # [batch, k, heads, kv]
+    query = constrain(query, ("batch", "length", "heads", "kv"))
+    key = constrain(key, ("batch", "length", "heads", "kv"))
+    value = constrain(value, ("batch", "length", "heads", "kv"))
+
+    if decode:
+      key, value, mask, bias = self._update_cache(key, value, mask, bias)
+
+    if kv_prefix is not None:
+      k_prefix, v_prefix = kv_prefix  # [batch, prefix, heads, kv]
+      batch, prefix = k_prefix.shape[:2]
+      key = jnp.concatenate([jnp.asarray(k_prefix, self.dtype), key], axis=1)
+      value = jnp.concatenate([jnp.asarray(v_prefix, self.dtype), value], axis=1)
+      if mask is not None:
+        ones = jnp.ones(mask.shape[:-1] + (prefix,), mask.dtype)  # [batch, 1, q, prefix]
+        mask = jnp.concatenate([ones, mask], axis=-1)
+      if bias is not None:
+        zeros = jnp.zeros(bias.shape[:-1] + (prefix,), bias.dtype)  # [1, heads, q, prefix]
+        bias = jnp.concatenate([zeros, bias], axis=-1)
+
+    attention_bias = None
+    if mask is not None:
+      attention_bias = lax.select(mask > 0, jnp.zeros(mask.shape, self.dtype),
+                                  jnp.full(mask.shape, -1e10).astype(self.dtype))
+    attention_bias = combine_biases(attention_bias, bias)
+
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    x = dot_product_attention(query, key, value, bias=attention_bias, dropout_rng=dropout_rng,
+                              dropout_rate=self.dropout_rate, deterministic=deterministic,
+                              dtype=self.dtype, float32_logits=self.float32_logits)
+    # [batch, q, heads, kv] -> [batch, q, embed]
+    return DenseGeneral(features=(inputs_q.shape[-1],), axis=(-2, -1),
+                        kernel_axes=("joined_kv", "embed"), kernel_init=self.kernel_init,
+                        dtype=self.dtype, name="out")(x)
+
+  def _update_cache(self, key: Array, value: Array, mask: Optional[Array],
+                    bias: Optional[Array]):
+    """Writes one step's key/value into the cache; returns the whole cache and step masks."""
+    is_initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not is_initialized:  # init builds a [batch, max_length, heads, kv] cache
+      return key, value, mask, bias
+    batch, length = cached_key.value.shape[:2]
+    if key.shape[1] != 1:
+      raise ValueError(f"autoregressive decoding takes one token a step, got {key.shape[1]}")
+    cur_index = cache_index.value
+    zero = jnp.array(0, dtype=jnp.int32)
+    key = lax.dynamic_update_slice(cached_key.value, key, (zero, cur_index, zero, zero))
+    value = lax.dynamic_update_slice(cached_value.value, value, (zero, cur_index, zero, zero))
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = cur_index + 1
+    # Attend only to the filled part of the cache.
+    step_mask = jnp.broadcast_to(jnp.arange(length) <= cur_index, (batch, 1, 1, length))
+    mask = combine_masks(mask, step_mask, dtype=jnp.float32)
+    if bias is not None:  # the full [1, heads, length, length] bias: take row cur_index
+      bias = lax.dynamic_slice_in_dim(bias, cur_index, 1, axis=-2)  # [1, heads, 1, length]
+    return key, value, mask, bias
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
+                          dropout_rng: Optional[Array] = None, dropout_rate: float = 0.0,
+                          deterministic: bool = True, dtype: DType = jnp.float32,
+                          float32_logits: bool = True) -> Array:
+  """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions)."""
+  if float32_logits:
+    query = query.astype(jnp.float32)
+    key = key.astype(jnp.float32)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
+  if bias is not None:
+    logits = logits + bias.astype(logits.dtype)
+  weights = jax.nn.softmax(logits).astype(dtype)  # [batch, heads, q, k]
+  if not deterministic and dropout_rate > 0.0:
+    keep_prob = 1.0 - dropout_rate
+    dropout_shape = list(weights.shape)
+    dropout_shape[-2] = 1
+    keep = jax.random.bernoulli(dropout_rng, keep_prob, dropout_shape)
+    keep = jnp.broadcast_to(keep, weights.shape)
+    weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))  # [batch, q, heads, kv]

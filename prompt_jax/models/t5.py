@@ -1,0 +1,261 @@
+"""T5 encoder-decoder in Flax linen, with t5x's parameter tree and call signature.
+
+The encoder has one seam for prompts and knows no prompt method by name:
+  * `prompt`: a factory of a module `m(input_tokens [B, T], embedded [B, T, H], deterministic)
+    -> (embedded' [B, T', H], mask [B, T'])` that places prompt embeddings into the embedded input,
+    plus `m.input_mask(input_tokens) -> [B, T']`, the same mask computed from the tokens alone
+    (the decoder's cross-attention and the KV-cache decoder use it);
+  * `layer_prompts`: a factory of a per-layer hook `h(layer, x [B, T', H], deterministic)
+    -> (x' [B, T', H], kv_prefix)` for deep prompts; `kv_prefix` is None or a pair of
+    [B, P, heads, kv] keys/values prepended in that layer's self-attention.
+Both are called as `factory(name=...)` inside the encoder, so their parameters live under
+`encoder/prompt/...` and `encoder/layer_prompts/...`.
+"""
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from prompt_jax.models import layers
+from prompt_jax.models.config import T5Config
+
+Array = jax.Array
+ModuleFactory = Callable[..., nn.Module]
+
+
+def _dropout(config: T5Config) -> nn.Dropout:
+  # T5 shares dropout masks across positions ("broadcast along length").
+  return nn.Dropout(rate=config.dropout_rate, broadcast_dims=(-2,))
+
+
+def _attention(config: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
+  return layers.MultiHeadDotProductAttention(
+      num_heads=config.num_heads, head_dim=config.head_dim, dtype=config.dtype,
+      dropout_rate=config.dropout_rate, name=name)
+
+
+def _mlp(config: T5Config) -> layers.MlpBlock:
+  return layers.MlpBlock(intermediate_dim=config.mlp_dim, activations=config.mlp_activations,
+                         dropout_rate=config.dropout_rate, dtype=config.dtype, name="mlp")
+
+
+def _relpos(config: T5Config) -> layers.RelativePositionBiases:
+  return layers.RelativePositionBiases(
+      num_buckets=config.relative_attention_num_buckets,
+      max_distance=config.relative_attention_max_distance, num_heads=config.num_heads,
+      dtype=config.dtype, name="relpos_bias")
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs: Array, encoder_mask: Optional[Array] = None,
+               kv_prefix: Optional[layers.KVPrefix] = None, deterministic: bool = True) -> Array:
+    cfg = self.config
+    length = inputs.shape[-2]
+    encoder_bias = self.relative_embedding(length, length, True)  # [1, heads, T, T]
+    x = layers.LayerNorm(dtype=cfg.dtype, name="pre_attention_layer_norm")(inputs)
+    x = _attention(cfg, "attention")(x, x, encoder_mask, encoder_bias, kv_prefix=kv_prefix,
+                                     deterministic=deterministic)  # [batch, length, embed]
+    x = _dropout(cfg)(x, deterministic=deterministic) + inputs
+    y = layers.LayerNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(x)
+    y = _mlp(cfg)(y, deterministic=deterministic)  # [batch, length, embed]
+    y = _dropout(cfg)(y, deterministic=deterministic) + x
+    return layers.constrain(y, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs: Array, encoded: Array, decoder_mask: Optional[Array] = None,
+               encoder_decoder_mask: Optional[Array] = None, deterministic: bool = True,
+               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+    cfg = self.config
+    length = max_decode_length if decode and max_decode_length else inputs.shape[-2]
+    decoder_bias = self.relative_embedding(length, length, False)  # [1, heads, L, L]
+    x = layers.LayerNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(inputs)
+    x = _attention(cfg, "self_attention")(x, x, decoder_mask, decoder_bias, decode=decode,
+                                          deterministic=deterministic)
+    x = _dropout(cfg)(x, deterministic=deterministic) + inputs
+    y = layers.LayerNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(x)
+    y = _attention(cfg, "encoder_decoder_attention")(y, encoded, encoder_decoder_mask,
+                                                     deterministic=deterministic)
+    y = _dropout(cfg)(y, deterministic=deterministic) + x
+    z = layers.LayerNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(y)
+    z = _mlp(cfg)(z, deterministic=deterministic)
+    z = _dropout(cfg)(z, deterministic=deterministic) + y
+    return layers.constrain(z, ("batch", "length", "embed"))
+
+
+def _maybe_remat(cls, config: T5Config):
+  if config.remat_policy == "full":
+    # Argument numbers count `self` as 0: the flags that steer Python control flow are static.
+    return nn.remat(cls, static_argnums=(5, 6, 7) if cls is DecoderLayer else (4,))
+  if config.remat_policy != "none":
+    raise ValueError(f"remat_policy must be 'none' or 'full', got {config.remat_policy!r}")
+  return cls
+
+
+class Encoder(nn.Module):
+  """Token embeddings -> prompt seam -> layers (optional per-layer prompts) -> final norm."""
+  config: T5Config
+  shared_embedding: nn.Module
+  prompt: Optional[ModuleFactory] = None
+  layer_prompts: Optional[ModuleFactory] = None
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = _relpos(cfg)
+    layer_cls = _maybe_remat(EncoderLayer, cfg)
+    self.layers = [layer_cls(cfg, self.relpos_bias, name=f"layers_{i}")
+                   for i in range(cfg.num_encoder_layers)]
+    self.encoder_norm = layers.LayerNorm(dtype=cfg.dtype)
+    self.dropout = _dropout(cfg)
+    self.prompt_module = self.prompt(name="prompt") if self.prompt else None
+    self.layer_prompt_module = (
+        self.layer_prompts(name="layer_prompts") if self.layer_prompts else None)
+
+  def input_mask(self, encoder_input_tokens: Array) -> Array:
+    """[batch, T'] validity of each encoder position (prompt positions included)."""
+    if self.prompt_module is None:
+      return encoder_input_tokens > 0
+    return self.prompt_module.input_mask(encoder_input_tokens)
+
+  def __call__(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+    cfg = self.config
+    x = self.shared_embedding(encoder_input_tokens.astype("int32"))  # [batch, T, embed]
+    if self.prompt_module is not None:
+      if encoder_mask is not None:
+        raise ValueError("packed inputs (segment ids) cannot be combined with a prompt; "
+                         "set pack=False in the feature converter.")
+      x, valid = self.prompt_module(encoder_input_tokens, x, deterministic=deterministic)
+      encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    elif encoder_mask is None:
+      valid = encoder_input_tokens > 0
+      encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    x = self.dropout(x, deterministic=deterministic)
+    x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
+    for i, layer in enumerate(self.layers):
+      kv_prefix = None
+      if self.layer_prompt_module is not None:
+        x, kv_prefix = self.layer_prompt_module(i, x, deterministic=deterministic)
+      x = layer(x, encoder_mask, kv_prefix, deterministic)
+    x = self.encoder_norm(x)
+    return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
+
+
+class Decoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoded: Array, decoder_input_tokens: Array,
+               decoder_mask: Optional[Array] = None, encoder_decoder_mask: Optional[Array] = None,
+               deterministic: bool = True, decode: bool = False,
+               max_decode_length: Optional[int] = None) -> Array:
+    cfg = self.config
+    rel_emb = _relpos(cfg)
+    y = self.shared_embedding(decoder_input_tokens.astype("int32"))  # [batch, S, embed]
+    y = _dropout(cfg)(y, deterministic=deterministic)
+    y = layers.constrain(y.astype(cfg.dtype), ("batch", "length", "embed"))
+    layer_cls = _maybe_remat(DecoderLayer, cfg)
+    for i in range(cfg.num_decoder_layers):
+      y = layer_cls(cfg, rel_emb, name=f"layers_{i}")(
+          y, encoded, decoder_mask, encoder_decoder_mask, deterministic, decode,
+          max_decode_length)
+    y = layers.LayerNorm(dtype=cfg.dtype, name="decoder_norm")(y)
+    y = _dropout(cfg)(y, deterministic=deterministic)
+    if cfg.logits_via_embedding:
+      # Tied output projection, rescaled by 1/sqrt(emb_dim) as in Mesh TensorFlow T5.
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    else:
+      logits = layers.DenseGeneral((cfg.vocab_size,), dtype=jnp.float32,
+                                   kernel_axes=("embed", "vocab"), name="logits_dense")(y)
+    return layers.constrain(logits, ("batch", "length", "vocab"))  # [batch, S, vocab]
+
+
+class T5(nn.Module):
+  """T5 with t5x's signature: `apply({'params': p}, enc_in, dec_in, dec_target) -> logits`."""
+  config: T5Config
+  prompt: Optional[ModuleFactory] = None
+  layer_prompts: Optional[ModuleFactory] = None
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = layers.Embed(num_embeddings=cfg.vocab_size, features=cfg.emb_dim,
+                                       dtype=cfg.dtype,
+                                       embedding_init=nn.initializers.normal(stddev=1.0))
+    self.encoder = Encoder(cfg, self.token_embedder, prompt=self.prompt,
+                           layer_prompts=self.layer_prompts)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
+             enable_dropout: bool = True) -> Array:
+    """[batch, T] -> encoded [batch, T', embed] (T' includes prompt positions)."""
+    cfg = self.config
+    encoder_mask = None
+    if encoder_segment_ids is not None:
+      valid = encoder_input_tokens > 0
+      encoder_mask = layers.combine_masks(
+          layers.make_attention_mask(valid, valid, dtype=cfg.dtype),
+          layers.make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal,
+                                     dtype=cfg.dtype), dtype=cfg.dtype)
+    return self.encoder(encoder_input_tokens, encoder_mask, deterministic=not enable_dropout)
+
+  def encoder_input_mask(self, encoder_input_tokens: Array) -> Array:
+    """[batch, T'] validity of the encoded positions, for cross-attention."""
+    return self.encoder.input_mask(encoder_input_tokens)
+
+  def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+             decoder_target_tokens: Array, encoder_segment_ids: Optional[Array] = None,
+             decoder_segment_ids: Optional[Array] = None,
+             decoder_positions: Optional[Array] = None, enable_dropout: bool = True,
+             decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+    """Decoder logits [batch, S, vocab] given the encoder output."""
+    del decoder_positions  # relative attention needs no positions
+    cfg = self.config
+    encoder_valid = self.encoder_input_mask(encoder_input_tokens)  # [batch, T']
+    if decode:
+      decoder_mask = None
+      encoder_decoder_mask = layers.make_attention_mask(
+          jnp.ones_like(decoder_target_tokens), encoder_valid, dtype=cfg.dtype)
+    else:
+      decoder_mask = layers.combine_masks(
+          layers.make_causal_mask(decoder_target_tokens, dtype=cfg.dtype),
+          layers.make_attention_mask(decoder_target_tokens > 0, decoder_target_tokens > 0,
+                                     dtype=cfg.dtype), dtype=cfg.dtype)
+      encoder_decoder_mask = layers.make_attention_mask(
+          decoder_target_tokens > 0, encoder_valid, dtype=cfg.dtype)
+      if decoder_segment_ids is not None:
+        decoder_mask = layers.combine_masks(
+            decoder_mask, layers.make_attention_mask(
+                decoder_segment_ids, decoder_segment_ids, jnp.equal, dtype=cfg.dtype),
+            dtype=cfg.dtype)
+    if encoder_segment_ids is not None and decoder_segment_ids is not None:
+      encoder_decoder_mask = layers.combine_masks(
+          encoder_decoder_mask, layers.make_attention_mask(
+              decoder_segment_ids, encoder_segment_ids, jnp.equal, dtype=cfg.dtype),
+          dtype=cfg.dtype)
+    return self.decoder(encoded, decoder_input_tokens, decoder_mask, encoder_decoder_mask,
+                        deterministic=not enable_dropout, decode=decode,
+                        max_decode_length=max_decode_length)
+
+  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               decoder_target_tokens: Array, encoder_segment_ids: Optional[Array] = None,
+               decoder_segment_ids: Optional[Array] = None,
+               encoder_positions: Optional[Array] = None,
+               decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
+               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+    """Teacher-forced logits [batch, target_len, vocab]."""
+    del encoder_positions
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                       decoder_positions, enable_dropout=enable_dropout, decode=decode,
+                       max_decode_length=max_decode_length)

@@ -1,0 +1,96 @@
+"""Device meshes (`data`, `model`) and t5x's logical axis rules, plus replicated prompt axes.
+
+Parameters carry logical axis names (see models/layers.py); the rules below map them onto mesh
+axes exactly as t5x's `standard_logical_axis_rules()` does with one parameter- and one
+activation-partitioning dimension: batch on `data`; vocab, mlp, heads and joined_kv on `model`;
+everything else (embed, kv, length, relpos buckets, and every prompt axis) replicated.
+"""
+import contextlib
+from typing import Any, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+LogicalRules = Sequence[Tuple[str, Optional[str]]]
+
+# t5x.partitioning.standard_logical_axis_rules(activation_partitioning_dims=1,
+# parameter_partitioning_dims=1).
+T5X_STANDARD_RULES: LogicalRules = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("embed", None),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("kv", None),
+    ("joined_kv", "model"),
+    ("relpos_buckets", None),
+    ("abspos_buckets", None),
+    ("length", None),
+    ("layers", None),
+    ("stack", None),
+    ("mlp_activations", None),
+)
+
+# Prompts are small: replicate them everywhere (as google-research/prompt-tuning does).
+PROMPT_RULES: LogicalRules = (
+    ("prompt", None),
+    ("prompt_embed", None),
+    ("prompt_layers", None),
+    ("prompt_rank", None),
+    ("prompt_mlp", None),
+)
+
+
+def logical_axis_rules(extra_rules: LogicalRules = ()) -> Tuple[Tuple[str, Optional[str]], ...]:
+  """t5x's standard rules + prompt rules; `extra_rules` come first and so take precedence."""
+  return tuple(extra_rules) + tuple(T5X_STANDARD_RULES) + tuple(PROMPT_RULES)
+
+
+def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None,
+                model_parallel_submesh: Optional[Tuple[int, ...]] = None) -> Mesh:
+  """A (`data`, `model`) mesh with `num_partitions` devices along `model`.
+
+  `model_parallel_submesh` (a device tile, as t5x's flag of that name) fixes the number of model
+  partitions to its product and lets `mesh_utils` lay the tile out on the physical topology.
+  """
+  devices = list(devices) if devices is not None else jax.devices()
+  if model_parallel_submesh is not None:
+    num_partitions = int(np.prod(model_parallel_submesh))
+  if num_partitions < 1 or len(devices) % num_partitions:
+    raise ValueError(f"num_partitions={num_partitions} must divide the {len(devices)} devices; "
+                     f"choose one of {[d for d in range(1, len(devices) + 1) if len(devices) % d == 0]}")
+  shape = (len(devices) // num_partitions, num_partitions)
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices).reshape(shape)
+  return Mesh(grid, ("data", "model"))
+
+
+def logical_specs(boxed_variables: Any) -> Any:
+  """Logical PartitionSpecs of an (abstract) boxed variable tree from `Module.init`."""
+  return nn.get_partition_spec(boxed_variables)
+
+
+def logical_to_sharding(specs: Any, mesh: Mesh, rules: Optional[LogicalRules] = None) -> Any:
+  """Logical PartitionSpecs -> NamedShardings on `mesh`."""
+  return nn.logical_to_mesh_sharding(specs, mesh, list(rules or logical_axis_rules()))
+
+
+def data_sharding(mesh: Mesh) -> NamedSharding:
+  """Batch dimension split over `data`, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+@contextlib.contextmanager
+def axis_rules(mesh: Mesh, rules: Optional[LogicalRules] = None):
+  """Context in which activations' logical constraints resolve to `mesh` axes."""
+  with mesh, nn.logical_axis_rules(list(rules or logical_axis_rules())):
+    yield

@@ -1,0 +1,52 @@
+"""prompt_jax: prompt tuning of frozen T5 models in JAX/Flax.
+
+`gin/` and `tasks/` live at the top of the repository, where users look for them, and are
+mapped into the distribution as `prompt_jax.gin` (data) and `prompt_jax.tasks` (code), so an
+installed (wheel or editable) prompt_jax carries both and no top-level `tasks` module exists.
+"""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.10,<0.13",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "tensorstore>=0.1.70",
+    "msgpack>=1.0",
+    "numpy>=1.26",
+    "seqio>=0.0.20",
+    "tensorflow>=2.21,<2.23",
+    "tensorflow-text>=2.21,<2.23",
+    "tensorflow-datasets>=4.9.8",
+    "tensorboard>=2.21",
+    "importlib_resources>=6.0",
+    "clu>=0.0.12",
+    "gin-config>=0.5.0",
+    "sentencepiece>=0.2.0",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "torch==2.13.0",
+    "transformers>=5,<6",
+    "safetensors>=0.4",
+]
+
+setuptools.setup(
+    name="prompt_jax",
+    version="0.1.0",
+    description="Parameter-efficient prompt tuning of frozen T5 models in JAX/Flax.",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["prompt_jax", "prompt_jax.*"])
+    + ["prompt_jax.tasks", "prompt_jax.gin"],
+    package_dir={
+        "prompt_jax": "prompt_jax",
+        "prompt_jax.tasks": "tasks",
+        "prompt_jax.gin": "gin",
+    },
+    package_data={"prompt_jax.gin": ["*.gin", "**/*.gin"]},
+    include_package_data=False,
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+    entry_points={"console_scripts": ["prompt-jax=prompt_jax.cli:main"]},
+)

@@ -1,0 +1,188 @@
+"""The Flax T5: parameter tree and logical axes as t5x, masks, the prompt seam, KV-cache decoding."""
+import functools
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prompt_jax.models import PRESETS, T5, T5Config, get_config
+from prompt_jax.models.decoding import greedy_decode
+from prompt_jax.prompts import PromptTuning, prompt_factory
+
+TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                num_encoder_layers=2, num_decoder_layers=2, dtype=jnp.float32,
+                mlp_activations=("gelu", "linear"), logits_via_embedding=False, dropout_rate=0.0)
+
+
+def _batch():
+  enc = jnp.array([[5, 6, 7, 8, 1, 0, 0], [9, 10, 1, 0, 0, 0, 0]])
+  tgt = jnp.array([[3, 4, 1, 0], [5, 1, 0, 0]])
+  dec_in = jnp.array([[0, 3, 4, 0], [0, 5, 0, 0]])
+  return enc, dec_in, tgt
+
+
+def _init(model, seed=0):
+  enc, dec_in, tgt = _batch()
+  return nn.meta.unbox(
+      model.init(jax.random.PRNGKey(seed), enc, dec_in, tgt, enable_dropout=False))
+
+
+def test_parameter_tree_and_logical_axes_are_t5x():
+  enc, dec_in, tgt = _batch()
+  boxed = jax.eval_shape(lambda: T5(TINY).init(jax.random.PRNGKey(0), enc, dec_in, tgt))
+  specs = flax.traverse_util.flatten_dict(nn.get_partition_spec(boxed)["params"], sep="/")
+  shapes = flax.traverse_util.flatten_dict(nn.meta.unbox(boxed)["params"], sep="/")
+  expect = {
+      "token_embedder/embedding": ((64, 16), ("vocab", "embed")),
+      "encoder/relpos_bias/rel_embedding": ((2, 32), ("heads", "relpos_buckets")),
+      "encoder/layers_1/pre_attention_layer_norm/scale": ((16,), ("embed",)),
+      "encoder/layers_1/attention/query/kernel": ((16, 16), ("embed", "joined_kv")),
+      "encoder/layers_1/attention/out/kernel": ((16, 16), ("joined_kv", "embed")),
+      "encoder/layers_1/mlp/wi_0/kernel": ((16, 32), ("embed", "mlp")),
+      "encoder/layers_1/mlp/wi_1/kernel": ((16, 32), ("embed", "mlp")),
+      "encoder/layers_1/mlp/wo/kernel": ((32, 16), ("mlp", "embed")),
+      "encoder/encoder_norm/scale": ((16,), ("embed",)),
+      "decoder/relpos_bias/rel_embedding": ((2, 32), ("heads", "relpos_buckets")),
+      "decoder/layers_0/pre_self_attention_layer_norm/scale": ((16,), ("embed",)),
+      "decoder/layers_0/self_attention/value/kernel": ((16, 16), ("embed", "joined_kv")),
+      "decoder/layers_0/pre_cross_attention_layer_norm/scale": ((16,), ("embed",)),
+      "decoder/layers_0/encoder_decoder_attention/key/kernel": ((16, 16), ("embed", "joined_kv")),
+      "decoder/decoder_norm/scale": ((16,), ("embed",)),
+      "decoder/logits_dense/kernel": ((16, 64), ("embed", "vocab")),
+  }
+  for path, (shape, axes) in expect.items():
+    assert shapes[path].shape == shape, path
+    assert tuple(specs[path]) == axes, path
+  # 2 enc layers x 9 + 2 dec layers x 14 + embed + 2 relpos + 2 norms + logits_dense.
+  assert len(shapes) == 2 * 9 + 2 * 14 + 6
+  assert all(len(s) == len(shapes[p].shape) for p, s in specs.items()), "every param has axes"
+
+
+def test_t5_1_0_has_relu_wi_and_no_logits_dense():
+  cfg = TINY.replace(mlp_activations=("relu",), logits_via_embedding=True)
+  params = nn.meta.unbox(jax.eval_shape(lambda: _init(T5(cfg))))["params"]
+  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  assert "encoder/layers_0/mlp/wi/kernel" in flat and "decoder/logits_dense/kernel" not in flat
+
+
+def test_presets_have_t5x_shapes():
+  assert get_config("t5_1_1_large").emb_dim == 1024 and PRESETS["t5_1_1_xxl"].mlp_dim == 10240
+  assert get_config("t5_1_0_11b").num_heads == 128 and get_config("t5_1_0_3b").head_dim == 128
+  assert all(not c.logits_via_embedding for n, c in PRESETS.items() if n.startswith("t5_1_1"))
+  with pytest.raises(ValueError, match="unknown T5 preset 't5_2'"):
+    get_config("t5_2")
+
+
+def test_padding_is_masked():
+  model = T5(TINY)
+  params = _init(model)["params"]
+  enc, dec_in, tgt = _batch()
+  logits = model.apply({"params": params}, enc, dec_in, tgt, enable_dropout=False)
+  # Changing a padded input token's id to a (non-zero) token would change the output; changing the
+  # padding *length* must not: add trailing padding to both inputs and targets.
+  enc2 = jnp.pad(enc, ((0, 0), (0, 5)))
+  dec2, tgt2 = jnp.pad(dec_in, ((0, 0), (0, 3))), jnp.pad(tgt, ((0, 0), (0, 3)))
+  logits2 = model.apply({"params": params}, enc2, dec2, tgt2, enable_dropout=False)
+  valid = np.asarray(tgt > 0)
+  np.testing.assert_allclose(np.asarray(logits2)[:, :4][valid], np.asarray(logits)[valid],
+                             atol=1e-5)
+
+
+def test_prompt_seam_equals_virtual_tokens():
+  """A prompt equal to the embeddings of tokens [a, b, c] == those tokens prepended to the input.
+
+  This proves the encoder attends the prompt and the decoder's cross-attention sees it (and that
+  the prompt positions get the same relative positions as real tokens)."""
+  plain = T5(TINY)
+  params = _init(plain)["params"]
+  virtual = jnp.array([11, 12, 13])
+  table = params["token_embedder"]["embedding"]
+  init = lambda rng, shape: table[virtual]
+  prompted = T5(TINY, prompt=prompt_factory(functools.partial(PromptTuning, length=3, init=init),
+                                            length=3))
+  p_params = _init(prompted)["params"]
+  np.testing.assert_array_equal(p_params["encoder"]["prompt"]["prompt"]["prompt"], table[virtual])
+  p_params = dict(p_params, **{k: v for k, v in params.items() if k != "encoder"})
+  p_params["encoder"] = dict(params["encoder"], prompt=p_params["encoder"]["prompt"])
+
+  enc, dec_in, tgt = _batch()
+  with_prompt = prompted.apply({"params": p_params}, enc, dec_in, tgt, enable_dropout=False)
+  prepended = jnp.concatenate([jnp.broadcast_to(virtual, (2, 3)), enc], axis=1)
+  reference = plain.apply({"params": params}, prepended, dec_in, tgt, enable_dropout=False)
+  np.testing.assert_allclose(with_prompt, reference, atol=1e-5)
+  # And the prompt matters: another prompt gives other logits.
+  p_params["encoder"]["prompt"]["prompt"]["prompt"] = table[jnp.array([20, 21, 22])]
+  other = prompted.apply({"params": p_params}, enc, dec_in, tgt, enable_dropout=False)
+  assert np.abs(np.asarray(other) - np.asarray(with_prompt)).max() > 1e-3
+
+
+def test_encode_length_includes_prompt_and_mask():
+  prompted = T5(TINY, prompt=prompt_factory(functools.partial(PromptTuning, length=4), length=4))
+  variables = _init(prompted)
+  enc, _, _ = _batch()
+  encoded = prompted.apply(variables, enc, enable_dropout=False, method=T5.encode)
+  assert encoded.shape == (2, 7 + 4, 16)  # [batch, P + T, embed]
+  mask = prompted.apply(variables, enc, method=T5.encoder_input_mask)
+  np.testing.assert_array_equal(mask[1], [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+
+
+def _greedy_without_cache(model, params, enc, steps):
+  """Reference decoder: re-run the full teacher-forced model for every new token."""
+  tokens = jnp.zeros((enc.shape[0], steps + 1), jnp.int32)
+  for i in range(steps):
+    targets = jnp.where(jnp.arange(steps + 1) <= i, 1, 0) * jnp.ones_like(tokens)  # all valid
+    logits = model.apply({"params": params}, enc, tokens, targets, enable_dropout=False)
+    tokens = tokens.at[:, i + 1].set(jnp.argmax(logits[:, i], axis=-1))
+  out = np.asarray(tokens[:, 1:])
+  after_eos = np.cumsum(np.cumsum(out == 1, axis=1), axis=1) > 1  # strictly after the first EOS
+  return np.where(after_eos, 0, out)
+
+
+@pytest.mark.parametrize("with_prompt", [False, True])
+def test_kv_cache_greedy_matches_full_recompute(with_prompt):
+  prompt = (prompt_factory(functools.partial(PromptTuning, length=2), length=2)
+            if with_prompt else None)
+  model = T5(TINY.replace(vocab_size=64), prompt=prompt)
+  params = _init(model)["params"]
+  # Keep EOS (id 1) out of reach so all 8 steps are compared.
+  params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"].at[
+      :, 1].set(-10.0)
+  enc, _, _ = _batch()
+  cached = greedy_decode(model, params, enc, 8)
+  np.testing.assert_array_equal(cached, _greedy_without_cache(model, params, enc, 8))
+
+
+def test_greedy_pads_after_eos():
+  model = T5(TINY.replace(vocab_size=4))  # EOS (id 1) is likely within a few steps
+  params = _init(model, seed=5)["params"]
+  enc = jnp.array([[2, 3, 1, 0], [3, 3, 2, 1]])
+  out = np.asarray(greedy_decode(model, params, enc, 6))
+  assert (out == 1).any(), "this seed must produce an EOS for the test to mean anything"
+  np.testing.assert_array_equal(out, _greedy_without_cache(model, params, enc, 6))
+
+
+def test_dropout_changes_outputs_only_when_enabled():
+  cfg = TINY.replace(dropout_rate=0.5)
+  model = T5(cfg)
+  params = _init(model)["params"]
+  enc, dec_in, tgt = _batch()
+  a = model.apply({"params": params}, enc, dec_in, tgt, enable_dropout=False)
+  b = model.apply({"params": params}, enc, dec_in, tgt, enable_dropout=False)
+  c = model.apply({"params": params}, enc, dec_in, tgt, enable_dropout=True,
+                  rngs={"dropout": jax.random.PRNGKey(3)})
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
+
+
+def test_bfloat16_activations_close_to_float32():
+  model32 = T5(TINY)
+  params = _init(model32)["params"]
+  enc, dec_in, tgt = _batch()
+  l32 = model32.apply({"params": params}, enc, dec_in, tgt, enable_dropout=False)
+  l16 = T5(TINY.replace(dtype=jnp.bfloat16)).apply({"params": params}, enc, dec_in, tgt,
+                                                   enable_dropout=False)
+  assert l16.dtype == jnp.float32  # logits_dense computes in float32, as t5x
+  np.testing.assert_allclose(l16, l32, atol=0.1, rtol=0.05)

@@ -1,0 +1,61 @@
+"""Run in a subprocess with 8 fake CPU devices (XLA_FLAGS must be set before jax is imported).
+
+Prints one JSON line: the max |sharded - single-device| logit difference and the specs of a few
+kernels on a 4 (data) x 2 (model) mesh.
+"""
+import json
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from prompt_jax import partitioning  # noqa: E402
+from prompt_jax.models import T5, T5Config  # noqa: E402
+
+
+def main():
+  cfg = T5Config(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                 num_encoder_layers=2, num_decoder_layers=2, dtype=jnp.float32,
+                 mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+  model = T5(cfg)
+  rng = np.random.RandomState(0)
+  enc = rng.randint(1, 128, (8, 12))
+  enc[3, 6:] = 0
+  tgt = rng.randint(1, 128, (8, 6))
+  dec = np.concatenate([np.zeros((8, 1), int), tgt[:, :-1]], axis=1)
+  init = lambda: model.init(jax.random.PRNGKey(0), enc, dec, tgt, enable_dropout=False)
+  params = nn.meta.unbox(init())["params"]
+  with jax.default_device(jax.devices()[0]):
+    single = np.asarray(model.apply({"params": params}, enc, dec, tgt, enable_dropout=False))
+
+  mesh = partitioning.create_mesh(num_partitions=2)
+  shardings = partitioning.logical_to_sharding(
+      partitioning.logical_specs(jax.eval_shape(init)), mesh)["params"]
+  sharded_params = jax.device_put(params, shardings)
+  batch = [jax.device_put(x, partitioning.data_sharding(mesh)) for x in (enc, dec, tgt)]
+  with partitioning.axis_rules(mesh):
+    fwd = jax.jit(lambda p, e, d, t: model.apply({"params": p}, e, d, t, enable_dropout=False))
+    sharded = fwd(sharded_params, *batch)
+  layer = sharded_params["encoder"]["layers_0"]
+  spec = lambda x: [str(a) for a in x.sharding.spec]
+  print(json.dumps({
+      "devices": jax.device_count(),
+      "mesh": dict(mesh.shape),
+      "max_diff": float(np.abs(np.asarray(sharded) - single).max()),
+      "wi_0": spec(layer["mlp"]["wi_0"]["kernel"]),
+      "wo": spec(layer["mlp"]["wo"]["kernel"]),
+      "query": spec(layer["attention"]["query"]["kernel"]),
+      "out": spec(layer["attention"]["out"]["kernel"]),
+      "embedding": spec(sharded_params["token_embedder"]["embedding"]),
+      "norm": spec(layer["pre_mlp_layer_norm"]["scale"]),
+      "logits": spec(sharded),
+      "wi_0_shard_shape": list(layer["mlp"]["wi_0"]["kernel"].addressable_shards[0].data.shape),
+  }))
+
+
+if __name__ == "__main__":
+  main()
