@@ -1,0 +1,77 @@
+"""Load frozen T5 weights from t5x (legacy or orbax) and Hugging Face checkpoints; save t5x's.
+
+  config, params = checkpoints.load("gs://t5-data/pretrained_models/t5x/t5_1_1_base")
+  config, params = checkpoints.load("/models/t5-small-hf", get_config("t5_1_0_small"))
+  config, params = checkpoints.load(path, config, shardings=param_shardings)  # sharded jax.Arrays
+
+`params` is the content of the flax 'params' collection of `prompt_jax.models.T5(config)`,
+named as t5x's examples/t5 (see `tree.expected_shapes`). Only model weights are read: optimizer
+slots are never loaded.
+"""
+from typing import Any, Mapping, Optional, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from prompt_jax.checkpoints import hf
+from prompt_jax.checkpoints import orbax_format
+from prompt_jax.checkpoints import t5x_legacy
+from prompt_jax.checkpoints import tree as tree_lib
+from prompt_jax.checkpoints.detect import FORMATS, HF, T5X_LEGACY, T5X_ORBAX
+from prompt_jax.checkpoints.detect import detect_format, resolve
+from prompt_jax.checkpoints.tree import CheckpointError, expected_shapes
+from prompt_jax.models.config import T5Config
+
+__all__ = ["load", "save", "detect_format", "expected_shapes", "CheckpointError", "FORMATS",
+           "HF", "T5X_LEGACY", "T5X_ORBAX"]
+
+_READERS = {T5X_LEGACY: t5x_legacy.LegacyCheckpoint, T5X_ORBAX: orbax_format.OrbaxCheckpoint,
+            HF: hf.HFCheckpoint}
+
+
+def load(path, config: Optional[T5Config] = None, *, dtype=None,
+         shardings: tree_lib.ShardingsArg = None) -> Tuple[T5Config, Mapping[str, Any]]:
+  """Reads the T5 weights at `path` (format detected); returns (config, nested params).
+
+  Args:
+    path: a t5x legacy checkpoint dir (or its `checkpoint` file), a t5x orbax checkpoint dir, a
+      model dir of `checkpoint_<step>` subdirs (latest step), local or gs://; or an HF T5 dir.
+    config: the model's T5Config. Every parameter it implies must be in the checkpoint with
+      that shape (CheckpointError names the parameter otherwise). None: taken from the HF
+      config.json, or inferred from t5x parameter shapes.
+    dtype: dtype of the returned arrays (default float32).
+    shardings: None for host numpy arrays; else a pytree of jax.sharding.Sharding matching the
+      params, a callable path -> Sharding ('encoder/layers_0/attention/query/kernel'), or one
+      Sharding for all. Each array is then read shard by shard into a jax.Array.
+  """
+  fmt, ckpt_dir = resolve(path)
+  checkpoint = _READERS[fmt](ckpt_dir)
+  checkpoint_config = getattr(checkpoint, "config", None)
+  if config is None:
+    config = checkpoint_config or tree_lib.infer_config(checkpoint.shapes, ckpt_dir)
+  elif checkpoint_config is not None:
+    hf.check_compatible(config, checkpoint_config, ckpt_dir)
+  expected = tree_lib.validate(checkpoint.shapes, config, ckpt_dir)
+  flat_shardings = tree_lib.resolve_shardings(shardings, expected)
+  dtype = np.dtype(jnp.dtype(np.float32 if dtype is None else dtype))
+  flat = checkpoint.restore(list(expected), dtype, flat_shardings)
+  return config, tree_lib.unflatten(flat)
+
+
+def save(path, params: Mapping[str, Any], *, step: int = 0,
+         format: str = T5X_LEGACY) -> str:  # pylint: disable=redefined-builtin
+  """Writes `params` as t5x's `path/checkpoint_<step>/` and returns that directory.
+
+  format='t5x_legacy' (default; alias 'legacy'): a msgpack `checkpoint` (version 3,
+  `optimizer/target` and a minimal `optimizer/state/step`) with kernels and embeddings in gzip
+  zarr dirs, as t5x's Checkpointer writes. 't5x_orbax' (alias 'orbax'): t5x's orbax layout,
+  `checkpoint_<step>/state/`. Arrays are saved as float32 (t5x's default save dtype); writes
+  are atomic; an existing step is an error.
+  """
+  from flax.core import meta  # pylint: disable=g-import-not-at-top
+
+  writers = {T5X_LEGACY: t5x_legacy.write_checkpoint, T5X_ORBAX: orbax_format.write_checkpoint}
+  format = {"legacy": T5X_LEGACY, "orbax": T5X_ORBAX}.get(format, format)
+  if format not in writers:
+    raise CheckpointError(f"cannot save format {format!r}; choose one of {sorted(writers)}")
+  return writers[format](path, meta.unbox(params), step)

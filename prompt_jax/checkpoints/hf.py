@@ -1,0 +1,225 @@
+"""Hugging Face T5 checkpoints (`save_pretrained` dirs) mapped onto t5x parameter names.
+
+  shared.weight                                  -> token_embedder/embedding        [V, H]
+  {stack}.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight  (torch Linear [out, in], transposed)
+      -> encoder/layers_i/attention/{query,key,value,out}/kernel (decoder: self_attention)
+  {stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight [buckets, heads]
+      -> {stack}/relpos_bias/rel_embedding [heads, buckets]
+  decoder.block.{i}.layer.1.EncDecAttention.*    -> decoder/layers_i/encoder_decoder_attention/*
+  {stack}.block.{i}.layer.{j}.layer_norm.weight  -> pre_(self_|cross_)attention/pre_mlp norms
+  {stack}.block.{i}.layer.{-1}.DenseReluDense.{wi,wi_0,wi_1,wo}.weight -> mlp/{...}/kernel
+  {stack}.final_layer_norm.weight                -> {encoder_norm,decoder_norm}/scale
+  lm_head.weight [V, H] (untied only)            -> decoder/logits_dense/kernel [H, V]
+
+Safetensors files are read through their header and a numpy memmap (no torch needed; each
+slice reads only its bytes); `pytorch_model.bin` goes through `torch.load(weights_only=True,
+mmap=True)`. Sharded checkpoints (`*.index.json`) are supported.
+"""
+import json
+import os
+import re
+from typing import Any, Dict, Optional, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from prompt_jax.checkpoints import arrays as arrays_lib
+from prompt_jax.checkpoints import tree as tree_lib
+from prompt_jax.checkpoints.tree import CheckpointError
+from prompt_jax.models.config import T5Config
+
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jnp.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+_ATTENTION = {"q": "query", "k": "key", "v": "value", "o": "out"}
+_BLOCK_RE = re.compile(r"^(encoder|decoder)\.block\.(\d+)\.layer\.(\d+)\.(.+)\.weight$")
+
+
+def is_hf_dir(path: str) -> bool:
+  return (os.path.isfile(os.path.join(path, CONFIG_FILE))
+          and any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES))
+
+
+def _activations(feed_forward_proj: str, path: str) -> Tuple[str, ...]:
+  # HF's 'gated-gelu' is gelu_new (tanh approximation) = t5x's gated 'gelu'.
+  known = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
+  if feed_forward_proj not in known:
+    raise CheckpointError(f"{path}/{CONFIG_FILE}: unsupported feed_forward_proj "
+                          f"{feed_forward_proj!r} (expected 'relu' or 'gated-gelu')")
+  return known[feed_forward_proj]
+
+
+def config_from_hf(hf: Dict[str, Any], path: str) -> T5Config:
+  """The T5Config of an HF T5 `config.json` dict."""
+  if hf.get("model_type", "t5") not in ("t5", "mt5"):
+    raise CheckpointError(f"{path}/{CONFIG_FILE} has model_type {hf.get('model_type')!r}; "
+                          "only 't5' and 'mt5' share T5's parameter layout")
+  num_layers = hf["num_layers"]
+  return T5Config(
+      vocab_size=hf["vocab_size"],
+      emb_dim=hf["d_model"],
+      num_heads=hf["num_heads"],
+      head_dim=hf["d_kv"],
+      mlp_dim=hf["d_ff"],
+      num_encoder_layers=num_layers,
+      num_decoder_layers=hf.get("num_decoder_layers") or num_layers,
+      mlp_activations=_activations(hf.get("feed_forward_proj", "relu"), path),
+      logits_via_embedding=bool(hf.get("tie_word_embeddings", True)),
+      dropout_rate=hf.get("dropout_rate", 0.1),
+      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
+  )
+
+
+def check_compatible(config: T5Config, checkpoint_config: T5Config, path: str):
+  """Fields the shapes cannot show must still agree with the checkpoint's config.json."""
+  for field in ("mlp_activations", "logits_via_embedding", "relative_attention_max_distance"):
+    want, found = getattr(config, field), getattr(checkpoint_config, field)
+    if isinstance(want, list):
+      want = tuple(want)
+    if want != found:
+      raise CheckpointError(f"{path}/{CONFIG_FILE} has {field}={found!r} but the config "
+                            f"expects {want!r}")
+
+
+def t5x_name(hf_name: str, tied: bool) -> Optional[str]:
+  """The t5x path of an HF T5 tensor name, or None for tensors t5x does not keep.
+
+  Ignored: {encoder,decoder}.embed_tokens (copies of shared), lm_head when tied, relative
+  attention tables of blocks > 0 and of cross-attention (present in old HF T5 files, unused).
+  """
+  if hf_name == "shared.weight":
+    return tree_lib.EMBEDDING
+  if hf_name == "lm_head.weight":
+    return None if tied else tree_lib.LOGITS_DENSE
+  match = re.fullmatch(r"(encoder|decoder)\.final_layer_norm\.weight", hf_name)
+  if match:
+    return f"{match.group(1)}/{match.group(1)}_norm/scale"
+  match = _BLOCK_RE.match(hf_name)
+  if not match:
+    return None
+  stack, rest = match.group(1), match.group(4)
+  block, layer = int(match.group(2)), int(match.group(3))
+  prefix = f"{stack}/layers_{block}"
+  cross = stack == "decoder" and layer == 1
+  mlp_layer = 1 if stack == "encoder" else 2
+  if layer == 0 and rest == "SelfAttention.relative_attention_bias":
+    return f"{stack}/relpos_bias/rel_embedding" if block == 0 else None
+  attention = re.fullmatch(r"(SelfAttention|EncDecAttention)\.([qkvo])", rest)
+  if attention and (layer, attention.group(1)) == (0, "SelfAttention"):
+    module = "attention" if stack == "encoder" else "self_attention"
+    return f"{prefix}/{module}/{_ATTENTION[attention.group(2)]}/kernel"
+  if attention and cross and attention.group(1) == "EncDecAttention":
+    return f"{prefix}/encoder_decoder_attention/{_ATTENTION[attention.group(2)]}/kernel"
+  if rest == "layer_norm":
+    if layer == 0:
+      norm = "pre_attention_layer_norm" if stack == "encoder" else "pre_self_attention_layer_norm"
+    elif cross:
+      norm = "pre_cross_attention_layer_norm"
+    elif layer == mlp_layer:
+      norm = "pre_mlp_layer_norm"
+    else:
+      return None
+    return f"{prefix}/{norm}/scale"
+  mlp = re.fullmatch(r"DenseReluDense\.(wi|wi_\d+|wo)", rest)
+  if mlp and layer == mlp_layer:
+    return f"{prefix}/mlp/{mlp.group(1)}/kernel"
+  return None
+
+
+def _transposes(t5x: str) -> bool:
+  """Linear weights and the relative attention table are stored transposed by torch/HF."""
+  return t5x.endswith("/kernel") or t5x.endswith("relpos_bias/rel_embedding")
+
+
+# --- tensor files -------------------------------------------------------------------------
+
+
+def _safetensors_arrays(filename: str) -> Dict[str, arrays_lib.LazyArray]:
+  """Lazy arrays of a .safetensors file: 8-byte header size, JSON header, raw C-order data."""
+  with open(filename, "rb") as f:
+    header_size = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(header_size))
+  out = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    if info["dtype"] not in _SAFETENSORS_DTYPES:
+      raise CheckpointError(f"{filename}: tensor {name} has unsupported dtype {info['dtype']}")
+    dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+    shape = tuple(info["shape"])
+    begin = 8 + header_size + info["data_offsets"][0]
+
+    def read(index, shape=shape, dtype=dtype, begin=begin):
+      if not shape or 0 in shape:
+        return np.zeros(shape, dtype)[index]
+      data = np.memmap(filename, dtype=dtype, mode="r", offset=begin, shape=shape)
+      return np.array(data[index])
+
+    out[name] = arrays_lib.LazyArray(shape=shape, dtype=dtype, read=read)
+  return out
+
+
+def _torch_arrays(filename: str) -> Dict[str, arrays_lib.LazyArray]:
+  import torch  # pylint: disable=g-import-not-at-top
+
+  try:
+    state = torch.load(filename, map_location="cpu", weights_only=True, mmap=True)
+  except RuntimeError:  # Legacy (non-zip) torch files cannot be memory-mapped.
+    state = torch.load(filename, map_location="cpu", weights_only=True)
+  out = {}
+  for name, tensor in state.items():
+    bf16 = tensor.dtype == torch.bfloat16
+
+    def read(index, tensor=tensor, bf16=bf16):
+      piece = tensor[index]
+      return piece.float().numpy().astype(jnp.bfloat16) if bf16 else piece.numpy().copy()
+
+    dtype = np.dtype(jnp.bfloat16) if bf16 else np.dtype(str(tensor.dtype).split(".")[-1])
+    out[name] = arrays_lib.LazyArray(shape=tuple(tensor.shape), dtype=dtype, read=read)
+  return out
+
+
+def _tensor_arrays(path: str) -> Dict[str, arrays_lib.LazyArray]:
+  for index_name, reader in (("model.safetensors.index.json", _safetensors_arrays),
+                             ("pytorch_model.bin.index.json", _torch_arrays)):
+    index_file = os.path.join(path, index_name)
+    if os.path.isfile(index_file):
+      with open(index_file) as f:
+        weight_map = json.load(f)["weight_map"]
+      out = {}
+      for shard in sorted(set(weight_map.values())):
+        out.update(reader(os.path.join(path, shard)))
+      return out
+  if os.path.isfile(os.path.join(path, "model.safetensors")):
+    return _safetensors_arrays(os.path.join(path, "model.safetensors"))
+  return _torch_arrays(os.path.join(path, "pytorch_model.bin"))
+
+
+class HFCheckpoint:
+  """An HF T5 directory's weights under t5x names, read lazily; `config` from config.json."""
+
+  format = "hf"
+
+  def __init__(self, path: str):
+    self.path = path
+    with open(os.path.join(path, CONFIG_FILE)) as f:
+      self.config = config_from_hf(json.load(f), path)
+    tied = self.config.logits_via_embedding
+    tensors = _tensor_arrays(path)
+    if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
+      tensors["shared.weight"] = tensors["encoder.embed_tokens.weight"]
+    self.arrays: Dict[str, arrays_lib.LazyArray] = {}
+    for hf_name, lazy in tensors.items():
+      name = t5x_name(hf_name, tied)
+      if name is not None:
+        self.arrays[name] = lazy.transposed() if _transposes(name) else lazy
+    self.shapes = {name: lazy.shape for name, lazy in self.arrays.items()}
+
+  def restore(self, names, dtype, shardings=None) -> Dict[str, Any]:
+    return arrays_lib.materialize({n: self.arrays[n] for n in names}, dtype, shardings)
