@@ -1,0 +1,93 @@
+"""Bad inputs fail with one actionable line, never with a silently wrong label."""
+import json
+
+import pytest
+
+from prompt_jax import tasks
+from prompt_jax.tasks.inspect import text_examples
+
+RTE_LINE = {"premise": "A man sleeps.", "hypothesis": "A man is awake.", "idx": 0,
+            "label": "not_entailment"}
+
+
+def test_unknown_task_suggests_close_names():
+  with pytest.raises(tasks.UnknownTaskError,
+                     match="unknown task or mixture 'super_glue_rte_v2'; did you mean "
+                           "super_glue_rte_v102"):
+    tasks.get_task("super_glue_rte_v2")
+  with pytest.raises(tasks.UnknownTaskError):
+    tasks.label_set("no_such_task")
+  with pytest.raises(tasks.UnknownTaskError):
+    tasks.get_task("no_such_task_16shot_seed0")
+
+
+def test_missing_data_dir_names_it(tmp_path):
+  missing = tmp_path / "nowhere"
+  tasks.set_data_dir(missing)
+  with pytest.raises(FileNotFoundError,
+                     match=f"data dir {missing} \\(from --data_dir / set_data_dir\\(\\)\\) does "
+                           "not exist; point it at a folder laid out like ../shared/data"):
+    text_examples("super_glue_rte_v102")
+
+
+def test_missing_task_folder_says_how_to_fill_it(tmp_path, monkeypatch):
+  monkeypatch.setenv(tasks.DATA_DIR_ENV, str(tmp_path))
+  with pytest.raises(FileNotFoundError) as error:
+    text_examples("super_glue_rte_v102")
+  assert str(error.value) == (
+      f"SuperGLUE RTE: folder {tmp_path}/super_glue/RTE does not exist; unzip the official "
+      "SuperGLUE RTE.zip (super.gluebenchmark.com/tasks) so that it holds train.jsonl, "
+      "val.jsonl, test.jsonl, or unset the data dir to read TFDS super_glue/rte:1.0.2.")
+
+
+def test_files_only_task_without_data_dir():
+  with pytest.raises(FileNotFoundError,
+                     match="MR is read from local files only and no data dir is set; set one "
+                           "\\(--data_dir, .* to a folder containing mr/train.csv, mr/test.csv"):
+    text_examples("mr_v001")
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path, write_file):
+  path = write_file(tmp_path / "super_glue/RTE/val.jsonl",
+                    json.dumps(RTE_LINE) + "\n" + '{"premise": "oops",\n')
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError, match=f"^{path}:2: malformed JSON"):
+    text_examples("super_glue_rte_v102")
+
+
+def test_missing_field_names_file_and_line(tmp_path, write_file):
+  line = dict(RTE_LINE)
+  del line["hypothesis"]
+  path = write_file(tmp_path / "super_glue/RTE/val.jsonl", json.dumps(line) + "\n")
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError, match=f"^{path}:1: missing field 'hypothesis'"):
+    text_examples("super_glue_rte_v102")
+
+
+def test_label_outside_label_set_in_jsonl(tmp_path, write_file):
+  line = {"premise": "p", "hypothesis": "h", "idx": 0, "label": "entailed"}
+  path = write_file(tmp_path / "super_glue/CB/val.jsonl", json.dumps(line) + "\n")
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError,
+                     match=f"^{path}:1: label 'entailed' is not in the label set "
+                           r"\['entailment', 'contradiction', 'neutral'\]"):
+    text_examples("super_glue_cb_v102")
+
+
+def test_label_outside_label_set_in_tsv(tmp_path, write_file):
+  path = write_file(tmp_path / "glue/SST-2/dev.tsv", "sentence\tlabel\ngood .\t1\nbad .\t7\n")
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError, match=f"^{path}:3: label '7' is not in the label set"):
+    text_examples("glue_sst2_v002")
+
+
+def test_target_outside_label_set_is_not_scored_silently():
+  task = tasks.get_task("super_glue_rte_v102")
+  assert task.postprocess_fn("maybe", example={}, is_target=False) == -1
+  with pytest.raises(ValueError, match="target '<unk>' is not in the label set"):
+    task.postprocess_fn("<unk>", example={}, is_target=True)
+
+
+def test_unknown_split(data_root):
+  with pytest.raises(ValueError, match="has no split 'dev'; use one of train, validation, test"):
+    text_examples("super_glue_rte_v102", "dev")

@@ -1,0 +1,96 @@
+"""GLUE, zero-shot QQP <-> MRPC and sentence classification: exact strings, label mapping."""
+import pytest
+
+from prompt_jax import tasks
+from prompt_jax.tasks.inspect import text_examples
+
+
+def _first(name, split="validation"):
+  (ex,) = text_examples(name, split, 1)
+  return ex["inputs"], ex["targets"]
+
+
+def test_mrpc(data_root):
+  assert _first("glue_mrpc_v002") == (
+      "mrpc sentence1: He said the foodservice pie business doesn 't fit the company 's "
+      "long-term growth strategy . sentence2: \" The foodservice pie business does not fit our "
+      "long-term growth strategy .",
+      "equivalent")
+  assert text_examples("glue_mrpc_v002", "test", 1)[0]["targets"] == "<unk>"
+
+
+def test_mrpc_train_has_the_official_example_count(data_root):
+  assert tasks.get_task("glue_mrpc_v002").source.num_input_examples("train") == 3668
+
+
+def test_sst2_keeps_the_file_text(data_root):
+  assert _first("glue_sst2_v002") == (
+      "sst2 sentence: it 's a charming and often affecting journey . ", "positive")
+
+
+@pytest.fixture
+def qqp_sample(shared_data, tmp_path):
+  """A data dir whose glue/QQP/{train,dev}.tsv are LM-BFF's QQP sample (GLUE's TSV format)."""
+  sample = shared_data("glue", "QQP", "lmbff_k-shot", "16-13")
+  (tmp_path / "glue/QQP").mkdir(parents=True)
+  for split in ("train", "dev"):
+    (tmp_path / f"glue/QQP/{split}.tsv").symlink_to(sample / f"{split}.tsv")
+  tasks.set_data_dir(tmp_path)
+
+
+def test_qqp(qqp_sample):
+  assert _first("glue_qqp_v002") == (
+      "qqp question1: What, according to you, is the best Disney film? "
+      "question2: What is the best Disney movie?",
+      "duplicate")
+  targets = [ex["targets"] for ex in text_examples("glue_qqp_v002", "train", None)]
+  assert (targets.count("duplicate"), targets.count("not_duplicate")) == (16, 16)
+
+
+def test_mrpc_from_qqp_translates_qqp_words(data_root):
+  task = tasks.get_task("glue_mrpc_from_qqp_v002")
+  assert task.splits == ("validation",)
+  assert _first("glue_mrpc_from_qqp_v002")[0].startswith("mrpc sentence1: He said the ")
+  predict = lambda text: task.postprocess_fn(text, example={}, is_target=False)
+  assert [predict("duplicate"), predict("not_duplicate"), predict("maybe")] == [1, 0, -1]
+  assert task.postprocess_fn("equivalent", example={}, is_target=True) == 1
+  assert tasks.label_set("glue_mrpc_from_qqp_v002") == ["not_duplicate", "duplicate"]
+  assert tasks.label_set("glue_qqp_from_mrpc_v002") == ["not_equivalent", "equivalent"]
+  mixture = tasks.get_task("taskless_glue_mrpc_from_qqp_zeroshot_v002")
+  assert sorted(t.name for t in mixture.tasks) == [
+      "taskless_glue_mrpc_from_qqp_v002", "taskless_glue_qqp_v002"]
+
+
+def test_mnli_from_tsv(tmp_path, write_file):
+  header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
+  write_file(tmp_path / "glue/MNLI/dev_matched.tsv",
+             header + "0\t1\t1n\tfiction\tA man sleeps.\tA man dreams.\tneutral\tneutral\n")
+  tasks.set_data_dir(tmp_path)
+  assert _first("glue_mnli_v002", "validation_matched") == (
+      "mnli hypothesis: A man dreams. premise: A man sleeps.", "neutral")
+  assert _first("glue_mnli_matched_v002") == (
+      "mnli hypothesis: A man dreams. premise: A man sleeps.", "neutral")
+
+
+def test_sentence_classification_from_lmbff_csv(tmp_path, write_file):
+  write_file(tmp_path / "mr/test.csv", '1,"a gorgeous , witty , seductive movie ."\n0,dull .\n')
+  write_file(tmp_path / "subj/test.csv", "0,i loved it .\n")
+  tasks.set_data_dir(tmp_path)
+  assert [(ex["inputs"], ex["targets"]) for ex in text_examples("mr_v001", "validation")] == [
+      ("mr sentence: a gorgeous , witty , seductive movie .", "positive"),
+      ("mr sentence: dull .", "negative")]
+  assert _first("taskless_subj_v001") == ("sentence: i loved it .", "subjective")
+  assert tasks.label_set("mpqa_v001") == ["negative", "positive"]
+
+
+def test_ag_news_and_imdb_from_official_files(tmp_path, write_file):
+  write_file(tmp_path / "ag_news/test.csv",
+             '"3","Wall St. Bears Claw Back","Short-sellers are seeing green again."\n')
+  write_file(tmp_path / "imdb/test/pos/0_9.txt", "A fine film.")
+  write_file(tmp_path / "imdb/test/neg/1_2.txt", "Dreadful.")
+  tasks.set_data_dir(tmp_path)
+  assert _first("ag_news_subset_v100") == (
+      "ag_news title: Wall St. Bears Claw Back description: Short-sellers are seeing green "
+      "again.", "Business")
+  assert [(ex["inputs"], ex["targets"]) for ex in text_examples("imdb_reviews_v100")] == [
+      ("imdb text: Dreadful.", "negative"), ("imdb text: A fine film.", "positive")]

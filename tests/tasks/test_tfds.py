@@ -1,0 +1,57 @@
+"""The TFDS path (no data dir), with `tfds.testing.mock_data`: never a real download."""
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from prompt_jax import tasks
+from prompt_jax.tasks.inspect import text_examples
+
+
+def _mock(examples, seen=None):
+  """mock_data serving `examples` (a dict of columns) for any builder and split."""
+
+  def as_dataset_fn(builder, split, **unused_kwargs):
+    if seen is not None:
+      seen.append((builder.info.full_name, str(split)))
+    return tf.data.Dataset.from_tensor_slices(examples)
+
+  return tfds.testing.mock_data(as_dataset_fn=as_dataset_fn)
+
+
+RTE = {"premise": ["A man sleeps."], "hypothesis": ["A man is awake."],
+       "idx": tf.constant([7], tf.int32), "label": tf.constant([1], tf.int64)}
+
+
+def test_rte_reads_tfds_without_a_data_dir(t5_vocab):
+  seen = []
+  with _mock(RTE, seen):
+    (text,) = text_examples("super_glue_rte_v102", "validation")
+    task = tasks.get_task("super_glue_rte_v102")
+    # seqio's in-memory cache asks TFDS for split sizes, which mock data lacks.
+    (ex,) = task.get_dataset(None, split="validation", shuffle=False,
+                             try_in_mem_cache=False).as_numpy_iterator()
+  assert seen[0] == ("super_glue/rte/1.0.2", "validation")
+  assert (text["inputs"], text["targets"], text["idx"]) == (
+      "rte hypothesis: A man is awake. premise: A man sleeps.", "not_entailment", 7)
+  assert t5_vocab.decode(ex["inputs"]) == "rte hypothesis: A man is awake. premise: A man sleeps."
+  assert ex["targets"].tolist() == t5_vocab.encode("not_entailment") + [1]  # EOS appended.
+
+
+def test_out_of_domain_mrqa_maps_validation_to_tfds_test():
+  seen = []
+  squad_like = {
+      "qid": ["q1"], "question": ["Who?"], "context": ["Ann ran."],
+      "answers": tf.ragged.constant([["Ann"]]),
+      "detected_answers": {"text": tf.ragged.constant([["Ann"]])},
+  }
+  with _mock(squad_like, seen):
+    (ex,) = text_examples("mrqa_bioasq_v001", "validation")
+  assert seen[0] == ("mrqa/bio_asq/1.0.0", "test")
+  assert (ex["inputs"], ex["targets"]) == ("question: Who ? context: Ann ran . ", "Ann")
+
+
+def test_tfds_label_outside_label_set_is_an_error():
+  bad = dict(RTE, label=tf.constant([5], tf.int64))
+  with _mock(bad), pytest.raises(tf.errors.InvalidArgumentError,
+                                 match="rte: label index outside the label set"):
+    text_examples("super_glue_rte_v102", "validation")
