@@ -21,6 +21,8 @@ class T5Config:
   dropout_rate: float = 0.1
   # T5 1.0 ties the output projection to the token embedding; T5 1.1 has `logits_dense`.
   logits_via_embedding: bool = True
+  # Attention logits in float32 even when activations are bfloat16 (t5x's option; off there).
+  float32_attention_logits: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   # Remat policy for layers: 'none' or 'full' (recompute each layer in the backward pass).

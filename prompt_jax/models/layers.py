@@ -206,7 +206,7 @@ class MultiHeadDotProductAttention(nn.Module):
   dtype: DType = jnp.float32
   dropout_rate: float = 0.0
   kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
-  float32_logits: bool = True
+  float32_logits: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array] = None,
@@ -285,7 +285,7 @@ class MultiHeadDotProductAttention(nn.Module):
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
                           dropout_rng: Optional[Array] = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, dtype: DType = jnp.float32,
-                          float32_logits: bool = True) -> Array:
+                          float32_logits: bool = False) -> Array:
   """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions)."""
   if float32_logits:
     query = query.astype(jnp.float32)

@@ -32,7 +32,8 @@ def _dropout(config: T5Config) -> nn.Dropout:
 def _attention(config: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
   return layers.MultiHeadDotProductAttention(
       num_heads=config.num_heads, head_dim=config.head_dim, dtype=config.dtype,
-      dropout_rate=config.dropout_rate, name=name)
+      dropout_rate=config.dropout_rate, float32_logits=config.float32_attention_logits,
+      name=name)
 
 
 def _mlp(config: T5Config) -> layers.MlpBlock:
