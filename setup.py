@@ -44,7 +44,13 @@ setuptools.setup(
         "prompt_jax.tasks": "tasks",
         "prompt_jax.gin": "gin",
     },
-    package_data={"prompt_jax.gin": ["*.gin", "**/*.gin"]},
+    package_data={
+        "prompt_jax.gin": ["*.gin", "**/*.gin"],
+        # The embedded default's tiny pretrained T5 (t5x legacy layout, ~1.6 MB): the msgpack
+        # `checkpoint` file and one zarr dir (`.zarray` + chunk files) per large array.
+        "prompt_jax": ["embedded/checkpoint/*/checkpoint", "embedded/checkpoint/*/*/.zarray",
+                       "embedded/checkpoint/*/*/*"],
+    },
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

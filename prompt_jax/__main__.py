@@ -1,0 +1,7 @@
+"""`python -m prompt_jax <command> ...` == `prompt-jax <command> ...`."""
+import sys
+
+from prompt_jax import cli
+
+if __name__ == "__main__":
+  sys.exit(cli.main())

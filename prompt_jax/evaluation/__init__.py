@@ -1,0 +1,1 @@
+"""Inference evaluation: seqio.Evaluator driven by greedy decoding or rank classification."""

@@ -1,0 +1,1 @@
+"""Training: trainable/frozen split, jitted step, optimizers, data, checkpoints, the loop."""

@@ -1,0 +1,230 @@
+"""The training loop: `prompt-jax train` calls `train()` with everything bound by gin.
+
+  state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
+  for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
+"""
+import os
+from typing import Any, Dict, Mapping, Optional
+
+import gin
+import jax
+from etils import epath
+import numpy as np
+
+from prompt_jax import partitioning
+from prompt_jax.train import builders
+from prompt_jax.train import checkpointing
+from prompt_jax.train import data as data_lib
+from prompt_jax.train import losses
+from prompt_jax.train import optimizers
+from prompt_jax.train import setup_run
+from prompt_jax.train import state as state_lib
+from prompt_jax.train import summaries
+from prompt_jax.train.errors import ConfigError
+
+
+def write_config(model_dir: str) -> None:
+  """The resolved gin config, as t5x writes it (process 0 only)."""
+  if jax.process_index() == 0:
+    directory = epath.Path(model_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "config.gin.tmp"
+    tmp.write_text(gin.config_str())
+    tmp.replace(directory / "config.gin")
+
+
+def global_batch(local: Mapping[str, np.ndarray], sharding) -> Dict[str, jax.Array]:
+  """Per-process rows -> global jax.Arrays sharded on `data`."""
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+
+
+def pad_batch(batch: Mapping[str, np.ndarray], rows: int) -> Dict[str, np.ndarray]:
+  """Pads a short final batch with all-zero (weightless) rows."""
+  n = next(iter(batch.values())).shape[0]
+  if n == rows:
+    return dict(batch)
+  return {k: np.concatenate([v, np.zeros((rows - n,) + v.shape[1:], v.dtype)])
+          for k, v in batch.items()}
+
+
+def _agreed_count(n: int) -> int:
+  """The largest `n` over processes (every process must run the same number of steps)."""
+  if jax.process_count() == 1:
+    return n
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return int(np.max(multihost_utils.process_allgather(np.int32(n))))
+
+
+def teacher_forced_eval(run: setup_run.Run, eval_step, cfg: data_lib.DatasetConfig,
+                        max_batches: Optional[int] = None) -> Dict[str, float]:
+  """Token-weighted mean teacher-forced metrics over the (first `max_batches` batches of the)
+  split. Processes with fewer batches of their shard feed all-padding batches."""
+  ds = data_lib.get_dataset(cfg, num_epochs=1, drop_remainder=False)
+  if max_batches is not None:
+    ds = ds.take(max_batches)
+  rows = cfg.batch_size // jax.process_count()
+  local = [pad_batch(b, rows) for b in data_lib.numpy_batches(ds)]
+  count = _agreed_count(len(local))
+  if local:
+    empty = {k: np.zeros_like(v) for k, v in local[0].items()}
+  else:
+    lengths = cfg.task_feature_lengths
+    empty = {"encoder_input_tokens": np.zeros((rows, lengths["inputs"]), np.int32),
+             "decoder_input_tokens": np.zeros((rows, lengths["targets"]), np.int32),
+             "decoder_target_tokens": np.zeros((rows, lengths["targets"]), np.int32),
+             "decoder_loss_weights": np.zeros((rows, lengths["targets"]), np.int32)}
+  sharding = partitioning.data_sharding(run.mesh)
+  totals, tokens = {}, 0.0
+  for i in range(count):
+    batch = local[i] if i < len(local) else empty
+    with partitioning.axis_rules(run.mesh):
+      m = jax.device_get(eval_step(run.trainable, run.frozen, global_batch(batch, sharding)))
+    w = float(m["num_tokens"])
+    for k in ("loss", "accuracy", "cross_ent_loss_per_token"):
+      totals[k] = totals.get(k, 0.0) + float(m[k]) * w
+    tokens += w
+  return {k: v / max(tokens, 1.0) for k, v in totals.items()}
+
+
+@gin.configurable(module="prompt_jax")
+def train(*, model_dir: str = gin.REQUIRED,
+          train_dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
+          model: Optional[builders.ModelSpec] = None,
+          optimizer: optimizers.Optimizer = None,
+          initial_checkpoint_path: Optional[str] = None,
+          total_steps: int = gin.REQUIRED,
+          train_eval_dataset_cfg: Optional[data_lib.DatasetConfig] = None,
+          infer_eval_dataset_cfg: Optional[data_lib.DatasetConfig] = None,
+          eval_period: int = 1000, eval_steps: Optional[int] = 20,
+          checkpoint_period: int = 1000, keep_checkpoints: Optional[int] = 3,
+          stats_period: int = 100, random_seed: int = 0, num_partitions: int = 1,
+          z_loss: float = 1e-4,
+          loss_normalizing_factor: Any = losses.NUM_REAL_TARGET_TOKENS,
+          stop_after_step: Optional[int] = None, return_state: bool = False,
+          eval_before_training: bool = False):
+  """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
+
+  `eval_before_training` evaluates the untrained prompt first (t5x's run_eval_before_training),
+  so a run shows what training changed.
+
+  `stop_after_step` ends the run early right after checkpointing that step (what a kill after
+  step k leaves behind). `return_state`: return (metrics, run, state) instead (tests).
+  """
+  model = model or builders.model_spec()
+  optimizer = optimizer or optimizers.adafactor()
+  if total_steps < 1:
+    raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
+  mesh = partitioning.create_mesh(num_partitions)
+  setup_run.check_batch(train_dataset_cfg.batch_size, mesh)
+  task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
+  data_lib.check_split(task, train_dataset_cfg.split)
+  vocabulary = task.output_features["targets"].vocabulary
+  latest = checkpointing.latest_step(model_dir)
+  if latest is not None and latest > total_steps:
+    raise ConfigError(f"TRAIN_STEPS={total_steps} is below the step {latest} restored from "
+                      f"{checkpointing.checkpoints_dir(model_dir)}; raise TRAIN_STEPS or use a "
+                      f"new MODEL_DIR")
+  run = setup_run.prepare(
+      config=model.config, prompt=model.prompt,
+      feature_lengths=train_dataset_cfg.task_feature_lengths,
+      initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
+      mesh=mesh, vocabulary=vocabulary, random_seed=random_seed, frozen_dtype=model.frozen_dtype)
+
+  tx = optimizer.tx
+  opt_shapes = jax.eval_shape(tx.init, run.trainable)
+  opt_shardings = state_lib.opt_state_shardings(opt_shapes, run.trainable,
+                                                run.trainable_shardings, mesh)
+  replicated = partitioning.replicated(mesh)
+  state_shardings = state_lib.TrainState(replicated, run.trainable_shardings, opt_shardings)
+  with partitioning.axis_rules(mesh):
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(run.trainable)
+  state = state_lib.TrainState(jax.device_put(np.int32(0), replicated), run.trainable, opt_state)
+
+  mngr = checkpointing.manager(model_dir, period=checkpoint_period, keep=keep_checkpoints)
+  position = 0
+  if latest is not None:
+    abstract = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings)
+    state, position = checkpointing.restore(mngr, latest, abstract)
+    summaries.log("restored step %d from %s", latest, checkpointing.checkpoints_dir(model_dir))
+  write_config(model_dir)
+
+  data_sharding = partitioning.data_sharding(mesh)
+  step_fn = jax.jit(
+      state_lib.make_train_step(run.model, tx, z_loss=z_loss,
+                                loss_normalizing_factor=loss_normalizing_factor),
+      in_shardings=(state_shardings, run.frozen_shardings, data_sharding, replicated),
+      out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+  eval_step = jax.jit(
+      state_lib.make_eval_step(run.model, z_loss=z_loss,
+                               loss_normalizing_factor=loss_normalizing_factor),
+      in_shardings=(run.trainable_shardings, run.frozen_shardings, data_sharding),
+      out_shardings=replicated)
+  dropout_rng = jax.device_put(jax.random.fold_in(jax.random.PRNGKey(random_seed), 1), replicated)
+
+  backbone = setup_run.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
+  train_writer = summaries.writer(model_dir, summaries.TRAIN_DIR)
+  start = int(jax.device_get(state.step))
+  summaries.log("trainable parameters: %d, frozen parameters: %d; training steps %d -> %d",
+                setup_run.count(run.trainable), setup_run.count(run.frozen), start, total_steps)
+  batches = data_lib.numpy_batches(data_lib.get_dataset(train_dataset_cfg,
+                                                        start_position=position))
+  progress = summaries.Progress(start, total_steps, train_dataset_cfg.batch_size)
+  final_metrics: Dict[str, float] = {}
+
+  def evaluate(step: int):
+    results = {}
+    if train_eval_dataset_cfg is not None:
+      run.trainable = state.params
+      tf_metrics = teacher_forced_eval(run, eval_step, train_eval_dataset_cfg, eval_steps)
+      summaries.writer(model_dir, summaries.TRAINING_EVAL_DIR,
+                       train_eval_dataset_cfg.mixture_or_task_name).write_scalars(
+                           step, {f"eval/{k}": v for k, v in tf_metrics.items()})
+      summaries.log("training_eval step %d: %s", step,
+                    " ".join(f"{k} {v:.4f}" for k, v in tf_metrics.items()))
+      results.update({f"training_eval/{k}": v for k, v in tf_metrics.items()})
+    if infer_eval_dataset_cfg is not None:
+      from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+      run.trainable = state.params
+      infer_metrics = inference.evaluate(run, infer_eval_dataset_cfg, model_dir, step)
+      summaries.log("inference_eval step %d: %s", step,
+                    " ".join(f"{k} {v:.4f}" for k, v in infer_metrics.items()))
+      results.update({f"inference_eval/{k}": v for k, v in infer_metrics.items()})
+    return results
+
+  if eval_before_training and start == 0:
+    evaluate(0)
+  for step in range(start, total_steps):
+    batch = global_batch(next(batches), data_sharding)
+    with partitioning.axis_rules(mesh):
+      state, metrics = step_fn(state, run.frozen, batch, dropout_rng)
+    position += 1
+    done = step + 1
+    last = done == total_steps
+    if done % stats_period == 0 or last:
+      host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      lr = float(optimizer.schedule(step))
+      line = progress.line(done, host, lr)
+      summaries.log(line)
+      sps = progress.steps_per_sec
+      train_writer.write_scalars(done, {**{f"train/{k}": v for k, v in host.items()},
+                                        "learning_rate": lr,
+                                        **summaries.Progress.timing(sps,
+                                                                    train_dataset_cfg.batch_size)})
+    if done % checkpoint_period == 0 or last or done == stop_after_step:
+      checkpointing.save(mngr, done, state, position, force=True)
+      checkpointing.export_numpy(model_dir, done, state.params, exclude=backbone)
+    if eval_period and (done % eval_period == 0 or last):
+      final_metrics = evaluate(done)
+    if stop_after_step is not None and done == stop_after_step:
+      break
+  else:
+    if start >= total_steps:
+      final_metrics = evaluate(start)
+  mngr.wait_until_finished()
+  mngr.close()
+  train_writer.flush()
+  run.trainable = state.params
+  if return_state:
+    return final_metrics, run, state
+  return final_metrics

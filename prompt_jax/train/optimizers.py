@@ -1,0 +1,46 @@
+"""Optimizers of prompt tuning: Adafactor as Lester et al. (2021), and AdamW (as DPT uses).
+
+Each builder returns an `Optimizer`: the optax transformation and its learning-rate schedule
+(the loop logs the rate; the schedule is a pure function of the step, so it costs no state).
+"""
+import dataclasses
+from typing import Callable, Optional
+
+import gin
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  tx: optax.GradientTransformation
+  schedule: Callable[[int], float]
+
+
+def _schedule(learning_rate: float, warmup_steps: int):
+  if not warmup_steps:
+    return optax.constant_schedule(learning_rate)
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, warmup_steps),
+       optax.constant_schedule(learning_rate)], [warmup_steps])
+
+
+@gin.configurable(module="prompt_jax")
+def adafactor(learning_rate: float = 0.3, decay_rate: float = 0.8,
+              multiply_by_parameter_scale: bool = False, weight_decay_rate: float = 1e-5,
+              factored: bool = False, clipping_threshold: Optional[float] = 1.0,
+              momentum: Optional[float] = None, warmup_steps: int = 0) -> Optimizer:
+  """Lester et al.: constant lr 0.3, decay 0.8, no parameter scaling, wd 1e-5, not factored."""
+  schedule = _schedule(learning_rate, warmup_steps)
+  tx = optax.adafactor(learning_rate=schedule, decay_rate=decay_rate,
+                       multiply_by_parameter_scale=multiply_by_parameter_scale,
+                       weight_decay_rate=weight_decay_rate, factored=factored,
+                       clipping_threshold=clipping_threshold, momentum=momentum)
+  return Optimizer(tx, schedule)
+
+
+@gin.configurable(module="prompt_jax")
+def adamw(learning_rate: float = 0.3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          weight_decay: float = 1e-5, warmup_steps: int = 0) -> Optimizer:
+  schedule = _schedule(learning_rate, warmup_steps)
+  return Optimizer(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
+                   schedule)

@@ -1,0 +1,54 @@
+"""TensorBoard summaries (clu.metric_writers, t5x's dirs) and progress log lines."""
+import logging
+import os
+import time
+from typing import Mapping
+
+import jax
+from clu import metric_writers
+
+TRAIN_DIR = "train"
+TRAINING_EVAL_DIR = "training_eval"
+INFERENCE_EVAL_DIR = "inference_eval"
+
+
+def writer(model_dir: str, *parts: str) -> metric_writers.MetricWriter:
+  """A summary writer under MODEL_DIR/<parts> (just logging on processes other than 0)."""
+  return metric_writers.create_default_writer(
+      os.path.join(model_dir, *parts), just_logging=jax.process_index() > 0, asynchronous=False)
+
+
+class Progress:
+  """Formats 'step 120/1000 loss 1.234 lr 0.3 12.3 steps/s 98.4 examples/s ETA 0:01:12'."""
+
+  def __init__(self, start_step: int, total_steps: int, batch_size: int):
+    self.total_steps = total_steps
+    self.batch_size = batch_size
+    self._last_step = start_step
+    self._last_time = time.time()
+    self.steps_per_sec = 0.0
+
+  def line(self, step: int, metrics: Mapping[str, float], lr: float) -> str:
+    now = time.time()
+    steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
+    self._last_step, self._last_time = step, now
+    self.steps_per_sec = steps_per_sec
+    eta = (self.total_steps - step) / steps_per_sec if steps_per_sec > 0 else float("inf")
+    eta_str = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
+    return (f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} "
+            f"accuracy {metrics.get('accuracy', float('nan')):.3f} lr {lr:.4g} "
+            f"{steps_per_sec:.2f} steps/s {steps_per_sec * self.batch_size:.1f} examples/s "
+            f"ETA {eta_str}")
+
+  @staticmethod
+  def timing(steps_per_sec: float, batch_size: int) -> Mapping[str, float]:
+    return {"timing/steps_per_second": steps_per_sec,
+            "timing/examples_per_second": steps_per_sec * batch_size}
+
+
+def log(message: str, *args) -> None:
+  """Progress goes to stdout of process 0 (and to absl/logging everywhere)."""
+  text = message % args if args else message
+  logging.info(text)
+  if jax.process_index() == 0:
+    print(text, flush=True)

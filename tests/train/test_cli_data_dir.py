@@ -1,0 +1,33 @@
+"""The local-files data dir is one setting: --data_dir or DATA_DIR, honoured by every task."""
+import pytest
+
+import prompt_jax.tasks
+from prompt_jax import cli
+
+DESCRIBE = ["describe", "--gin_file=models/t5_1_1_small.gin", "--gin_file=runs/prompt_finetune.gin"]
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+  monkeypatch.delenv(prompt_jax.tasks.DATA_DIR_ENV, raising=False)
+  yield
+  prompt_jax.tasks.set_data_dir(None)
+
+
+def test_gin_macro_sets_the_data_dir(tmp_path):
+  assert cli.main(DESCRIBE + [f"--gin.DATA_DIR='{tmp_path}'"]) == 0
+  assert prompt_jax.tasks.get_data_dir() == str(tmp_path)
+
+
+def test_flag_wins_over_the_macro(tmp_path):
+  flag_dir = tmp_path / "flag"
+  assert cli.main(DESCRIBE + [f"--gin.DATA_DIR='{tmp_path}'", f"--data_dir={flag_dir}"]) == 0
+  assert prompt_jax.tasks.get_data_dir() == str(flag_dir)
+
+
+def test_data_dir_reaches_a_task(shared_data):
+  super_glue = shared_data("super_glue")
+  assert cli.main(DESCRIBE + [f"--data_dir={super_glue.parent}"]) == 0
+  task = prompt_jax.tasks.get_task("super_glue_cb_v102")
+  ex = next(iter(task.source.get_dataset("validation", shuffle=False).as_numpy_iterator()))
+  assert ex["premise"].decode().startswith("Valence the void-brain")

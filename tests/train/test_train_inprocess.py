@@ -1,0 +1,219 @@
+"""Trainer on the embedded tiny T5, in-process (1 device): frozen params, optimizer state,
+kill/restart resume, and the bad-input errors of `prompt-jax train`."""
+import io
+import contextlib
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from prompt_jax import checkpoints
+from prompt_jax import cli
+from prompt_jax.embedded import CHECKPOINT_DIR
+from prompt_jax.train import state as state_lib
+from tests.train import common
+
+
+def run_cli(argv):
+  """(exit code, stderr) of `prompt-jax <argv>` run in this process."""
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = cli.main(list(argv))
+  return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A 4-step run returning (metrics, run, state) via the gin-configured loop."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path_factory.mktemp("trained"))
+  rest, bindings = cli.split_gin_dot_flags(common.flags(
+      model_dir, 4, "--gin.EVAL_PERIOD=4", "--gin.prompt_jax.train.eval_steps=2"))
+  cli.parse_gin([a.split("=", 1)[1] for a in rest], bindings, [])
+  result = loop.train(return_state=True)
+  gin.clear_config()
+  return model_dir, result
+
+
+def test_final_evaluation_metrics_and_summaries(trained):
+  model_dir, (metrics, _, _) = trained
+  assert 0.0 <= metrics["training_eval/accuracy"] <= 1.0
+  assert 0.0 <= metrics["inference_eval/embedded_last_letter/accuracy"] <= 100.0
+  for sub in ("train", "training_eval/embedded_last_letter",
+              "inference_eval/embedded_last_letter"):
+    assert any(f.startswith("events.out.tfevents")
+               for f in os.listdir(os.path.join(model_dir, sub))), sub
+
+
+def test_frozen_bit_identical_prompt_changed_opt_state_prompt_only(trained):
+  model_dir, (_, run, state) = trained
+  _, restored = checkpoints.load(CHECKPOINT_DIR)
+  restored = state_lib.flatten(restored)
+  frozen = state_lib.flatten(run.frozen)
+  assert set(frozen) == set(restored)  # every backbone parameter is frozen
+  for name, value in frozen.items():
+    np.testing.assert_array_equal(np.asarray(value), restored[name], err_msg=name)
+    assert np.asarray(value).tobytes() == restored[name].tobytes(), name
+  trainable = state_lib.flatten(state.params)
+  assert list(trainable) == ["encoder/prompt/prompt/prompt"]
+  first = common.prompt_at(model_dir, 1)
+  last = common.prompt_at(model_dir, 4)
+  assert not np.array_equal(first, last)
+  assert int(state.step) == 4
+  # Optimizer slots: only arrays shaped like the prompt (plus scalar counters).
+  leaves = jax.tree_util.tree_leaves(state.opt_state)
+  prompt_shape = trainable["encoder/prompt/prompt/prompt"].shape
+  assert all(tuple(l.shape) in {(), (1,), tuple(prompt_shape)} or l.size <= prompt_shape[0]
+             for l in leaves), [l.shape for l in leaves]
+  assert sum(l.size for l in leaves) <= 4 * np.prod(prompt_shape) + 16
+  for sub in ("train", "config.gin", "checkpoints/4"):
+    assert os.path.exists(os.path.join(model_dir, sub)), sub
+
+
+def test_kill_and_restart_resumes_bitwise(tmp_path):
+  full = str(tmp_path / "full")
+  assert run_cli(["train"] + common.flags(full, 5))[0] == 0
+  resumed = str(tmp_path / "resumed")
+  # First launch "dies" right after checkpointing step 2; the same command then resumes.
+  assert run_cli(["train"] + common.flags(resumed, 5,
+                                          "--gin.prompt_jax.train.stop_after_step=2"))[0] == 0
+  assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["1", "2"]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert run_cli(["train"] + common.flags(resumed, 5))[0] == 0
+  assert "restored step 2" in out.getvalue()
+  assert common.prompt_at(full, 5).tobytes() == common.prompt_at(resumed, 5).tobytes()
+
+
+def _assert_error(argv, model_dir, expected):
+  before = sorted(os.walk(model_dir)) if os.path.exists(model_dir) else None
+  mtimes = ({os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
+             for d, _, fs in os.walk(model_dir) for f in fs} if before is not None else None)
+  code, err = run_cli(argv)
+  assert code == 2, err
+  lines = [l for l in err.strip().splitlines() if l.startswith("prompt-jax")]
+  assert len(lines) == 1 and expected in lines[0], err
+  if before is None:
+    assert not os.path.exists(model_dir), "a failed run wrote to MODEL_DIR"
+  else:
+    assert sorted(os.walk(model_dir)) == before
+    assert mtimes == {os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
+                      for d, _, fs in os.walk(model_dir) for f in fs}
+
+
+def test_missing_required_macro(tmp_path):
+  _assert_error(["train", "--gin_file=runs/prompt_finetune.gin",
+                 "--gin_file=models/t5_1_1_small.gin", "--gin.TRAIN_STEPS=3"],
+                str(tmp_path / "m"), "missing required macros MODEL_DIR")
+
+
+def test_unknown_task(tmp_path):
+  d = str(tmp_path / "m")
+  _assert_error(["train"] + common.flags(d, 3, "--gin.MIXTURE_OR_TASK_NAME='no_such_task'"), d,
+                "no_such_task")
+
+
+def test_unknown_gin_parameter(tmp_path):
+  d = str(tmp_path / "m")
+  _assert_error(["train"] + common.flags(d, 3, "--gin.prompt_jax.train.no_such_arg=1"), d,
+                "no_such_arg")
+
+
+def test_unreachable_initial_checkpoint(tmp_path):
+  d = str(tmp_path / "m")
+  _assert_error(["train"] + common.flags(
+      d, 3, f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path}/nowhere/checkpoint_1'"), d,
+      "INITIAL_CHECKPOINT_PATH")
+
+
+def test_more_class_labels_than_prompt_length(tmp_path):
+  d = str(tmp_path / "m")
+  _assert_error(["train"] + common.flags(
+      d, 3, "--gin_file=prompts/from_class_labels.gin", "--gin.PROMPT_LENGTH=2",
+      "--gin.CLASS_LABELS=['a', 'b', 'c']"), d, "class labels do not fit")
+
+
+def test_prompt_file_of_wrong_shape(tmp_path):
+  d = str(tmp_path / "m")
+  bad = tmp_path / "prompt.npy"
+  np.save(bad, np.zeros((3, 64), np.float32))
+  _assert_error(["train"] + common.flags(d, 3, "--gin_file=prompts/from_file.gin",
+                                         f"--gin.PROMPT_FILE='{bad}'"), d, "PROMPT_FILE")
+
+
+def test_train_steps_below_restored_step(trained):
+  model_dir, _ = trained
+  _assert_error(["train"] + common.flags(model_dir, 2), model_dir, "TRAIN_STEPS=2 is below")
+
+
+def test_command_line_beats_run_file(tmp_path):
+  """A packaged run file listed after the user's gin file cannot override the user's value."""
+  import gin  # pylint: disable=g-import-not-at-top
+  user = tmp_path / "mine.gin"
+  user.write_text("BATCH_SIZE = 4\nPROMPT_LENGTH = 5\n")
+  cli.parse_gin([str(user), "runs/embedded_default.gin"], ["PROMPT_LENGTH = 6"], [])
+  assert gin.query_parameter("%BATCH_SIZE") == 4
+  assert gin.query_parameter("%PROMPT_LENGTH") == 6
+  gin.clear_config()
+
+
+def test_eval_and_infer_subcommands(trained, tmp_path):
+  model_dir, _ = trained
+  common_flags = ["--gin_file=models/embedded_tiny.gin", "--gin.PROMPT_LENGTH=8",
+                  "--gin.MIXTURE_OR_TASK_NAME='embedded_last_letter'",
+                  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+                  "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+                  "--gin.BATCH_SIZE=64"]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    code, err = run_cli(["eval", "--gin_file=runs/prompt_eval.gin",
+                         f"--gin.MODEL_DIR='{model_dir}'"] + common_flags)
+  assert code == 0, err
+  assert "final metrics: embedded_last_letter/accuracy=" in out.getvalue()
+  # infer from the frozen checkpoint + a PROMPT_FILE, into a fresh MODEL_DIR.
+  infer_dir = tmp_path / "infer"
+  code, err = run_cli(["infer", "--gin_file=runs/prompt_infer.gin",
+                       f"--gin.MODEL_DIR='{infer_dir}'",
+                       f"--gin.PROMPT_FILE='{model_dir}/numpy_checkpoints/checkpoint_4/"
+                       f"{common.PROMPT_NPY}'"] + common_flags)
+  assert code == 0, err
+  import json  # pylint: disable=g-import-not-at-top
+  lines = (infer_dir / "inference" / "embedded_last_letter-validation.jsonl").read_text()
+  rows = [json.loads(l) for l in lines.splitlines()]
+  assert len(rows) == 256 and set(rows[0]) == {"inputs", "prediction", "targets"}
+  assert all(r["prediction"] in "abcd" for r in rows)  # rank classification over the labels
+
+
+def test_greedy_decoding_predictions(trained):
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  _, (_, run, _) = trained
+  texts = [p[0] for p in task.examples("validation")[:8]]
+  inputs = np.zeros((8, 16), np.int32)
+  for i, t in enumerate(texts):
+    ids = list(task.VOCABULARY.encode(t)) + [1]
+    inputs[i, :len(ids)] = ids
+  greedy = inference.predict_tokens(run, inputs, batch_size=8, max_decode_length=4)
+  ranked = inference.predict_tokens(run, inputs, batch_size=8, max_decode_length=4,
+                                    labels=list("abcd"), vocabulary=task.VOCABULARY)
+  assert len(greedy) == len(ranked) == 8
+  assert all(len(r) == 1 for r in ranked)
+  assert all(len(g) <= 4 and 1 not in g for g in greedy)
+
+
+def test_help_lists_t5x_flags(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["train", "--help"])
+  text = capsys.readouterr().out
+  for flag in ("--gin_file", "--gin_bindings", "--gin.NAME=VALUE", "--gin_search_paths",
+               "--tfds_data_dir", "--multiprocess_gpu", "--coordinator_address",
+               "--process_count", "--process_index"):
+    assert flag in text, flag
+
+
+def test_missing_macro_referenced_by_a_prompt_file(tmp_path):
+  d = str(tmp_path / "m")
+  _assert_error(["train"] + common.flags(d, 3, "--gin_file=prompts/from_class_labels.gin"), d,
+                "missing required macro CLASS_LABELS")
