@@ -41,6 +41,9 @@ PROMPT_RULES: LogicalRules = (
     ("prompt_layers", None),
     ("prompt_rank", None),
     ("prompt_mlp", None),
+    ("prompt_vocab", None),  # IPT's [V, H] table
+    ("prompt_phm", None),  # PHM's n x n rule matrices
+    ("prompt_kernel", None),  # TextCNN kernel widths
 )
 
 

@@ -7,9 +7,13 @@ The encoder has one seam for prompts and knows no prompt method by name:
     (the decoder's cross-attention and the KV-cache decoder use it);
   * `layer_prompts`: a factory of a per-layer hook `h(layer, x [B, T', H], deterministic)
     -> (x' [B, T', H], kv_prefix)` for deep prompts; `kv_prefix` is None or a pair of
-    [B, P, heads, kv] keys/values prepended in that layer's self-attention.
+    [B, P, heads, kv] keys/values prepended in that layer's self-attention. A hook whose class
+    sets `wants_inputs = True` is also given `input_tokens` [B, T] and `input_mask` [B, T'] (the
+    validity of x's positions) as keywords, for hooks that pool over the real tokens.
 Both are called as `factory(name=...)` inside the encoder, so their parameters live under
-`encoder/prompt/...` and `encoder/layer_prompts/...`.
+`encoder/prompt/...` and `encoder/layer_prompts/...`. An optional `decoder_layer_prompts` hook of
+the same form (no extra inputs) gives key/value prefixes to the decoder's self-attention
+(parameters under `decoder/layer_prompts/...`).
 """
 from typing import Any, Callable, Optional
 
@@ -75,13 +79,14 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, inputs: Array, encoded: Array, decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None, deterministic: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+               decode: bool = False, max_decode_length: Optional[int] = None,
+               kv_prefix: Optional[layers.KVPrefix] = None) -> Array:
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else inputs.shape[-2]
     decoder_bias = self.relative_embedding(length, length, False)  # [1, heads, L, L]
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(inputs)
-    x = _attention(cfg, "self_attention")(x, x, decoder_mask, decoder_bias, decode=decode,
-                                          deterministic=deterministic)
+    x = _attention(cfg, "self_attention")(x, x, decoder_mask, decoder_bias, kv_prefix=kv_prefix,
+                                          decode=decode, deterministic=deterministic)
     x = _dropout(cfg)(x, deterministic=deterministic) + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(x)
     y = _attention(cfg, "encoder_decoder_attention")(y, encoded, encoder_decoder_mask,
@@ -131,6 +136,7 @@ class Encoder(nn.Module):
                deterministic: bool = True) -> Array:
     cfg = self.config
     x = self.shared_embedding(encoder_input_tokens.astype("int32"))  # [batch, T, embed]
+    valid = encoder_input_tokens > 0
     if self.prompt_module is not None:
       if encoder_mask is not None:
         raise ValueError("packed inputs (segment ids) cannot be combined with a prompt; "
@@ -138,14 +144,15 @@ class Encoder(nn.Module):
       x, valid = self.prompt_module(encoder_input_tokens, x, deterministic=deterministic)
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     elif encoder_mask is None:
-      valid = encoder_input_tokens > 0
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = self.dropout(x, deterministic=deterministic)
     x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:
-        x, kv_prefix = self.layer_prompt_module(i, x, deterministic=deterministic)
+        inputs = ({"input_tokens": encoder_input_tokens, "input_mask": valid}
+                  if getattr(self.layer_prompt_module, "wants_inputs", False) else {})
+        x, kv_prefix = self.layer_prompt_module(i, x, deterministic=deterministic, **inputs)
       x = layer(x, encoder_mask, kv_prefix, deterministic)
     x = self.encoder_norm(x)
     return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
@@ -154,6 +161,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  layer_prompts: Optional[ModuleFactory] = None
 
   @nn.compact
   def __call__(self, encoded: Array, decoder_input_tokens: Array,
@@ -166,10 +174,14 @@ class Decoder(nn.Module):
     y = _dropout(cfg)(y, deterministic=deterministic)
     y = layers.constrain(y.astype(cfg.dtype), ("batch", "length", "embed"))
     layer_cls = _maybe_remat(DecoderLayer, cfg)
+    hook = self.layer_prompts(name="layer_prompts") if self.layer_prompts else None
     for i in range(cfg.num_decoder_layers):
+      kv_prefix = None
+      if hook is not None:
+        y, kv_prefix = hook(i, y, deterministic=deterministic)
       y = layer_cls(cfg, rel_emb, name=f"layers_{i}")(
           y, encoded, decoder_mask, encoder_decoder_mask, deterministic, decode,
-          max_decode_length)
+          max_decode_length, kv_prefix)
     y = layers.LayerNorm(dtype=cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -186,6 +198,7 @@ class T5(nn.Module):
   config: T5Config
   prompt: Optional[ModuleFactory] = None
   layer_prompts: Optional[ModuleFactory] = None
+  decoder_layer_prompts: Optional[ModuleFactory] = None
 
   def setup(self):
     cfg = self.config
@@ -194,7 +207,7 @@ class T5(nn.Module):
                                        embedding_init=nn.initializers.normal(stddev=1.0))
     self.encoder = Encoder(cfg, self.token_embedder, prompt=self.prompt,
                            layer_prompts=self.layer_prompts)
-    self.decoder = Decoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder, layer_prompts=self.decoder_layer_prompts)
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
              enable_dropout: bool = True) -> Array:

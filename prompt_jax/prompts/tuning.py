@@ -28,6 +28,7 @@ class PromptTuning(nn.Module):
   @nn.compact
   def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True) -> Array:
     del input_tokens, deterministic
-    prompt = self.param("prompt", nn.with_logical_partitioning(self.init, ("prompt", "prompt_embed")),
+    prompt = self.param("prompt",
+                        nn.with_logical_partitioning(self.init, ("prompt", "prompt_embed")),
                         (self.length, embedded.shape[-1]))
     return prompt  # [P, H]

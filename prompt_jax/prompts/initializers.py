@@ -1,0 +1,248 @@
+"""Prompt initialisers (Lester et al. 2021) as closures `(rng, shape) -> array`.
+
+Two layers:
+  * closures (`*_init`), usable anywhere a Flax initializer is: uniform [0, s), symmetric uniform
+    [-s, s], normal, sampled vocabulary, class labels, from a string, from an array or a file.
+    Those that need the frozen model close over its embedding table [V, H] and a vocabulary.
+  * gin-configurable *specs* (`uniform()`, `from_sampled_vocab()`, ...): `spec(embedding [V, H],
+    vocabulary) -> init`, which the trainer calls once the frozen embedding table is loaded.
+"""
+import inspect
+import logging
+import os
+from typing import Callable, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prompt_jax.prompts import tuning
+from prompt_jax.train.errors import ConfigError
+
+Array = jax.Array
+PromptInit = Callable[[Array, tuple], Array]
+DEFAULT_POPULATION = 5000
+
+uniform_init = tuning.uniform_init  # uniform on [0, scale): what the original code does
+
+
+def symmetric_uniform_init(scale: float = 0.5) -> PromptInit:
+  """Uniform on [-scale, scale]: what the prompt-tuning paper describes."""
+  def init(rng, shape):
+    return jax.random.uniform(rng, shape, jnp.float32, -scale, scale)
+  return init
+
+
+def normal_init(stddev: float = 0.5) -> PromptInit:
+  def init(rng, shape):
+    return stddev * jax.random.normal(rng, shape, jnp.float32)
+  return init
+
+
+def _check_width(table, shape, what: str) -> None:
+  if table.shape[-1] != shape[-1]:
+    raise ConfigError(f"{what}: embedding table width {table.shape[-1]} != prompt width "
+                      f"{shape[-1]}")
+
+
+def sampled_vocab_init(table, population_size: int = DEFAULT_POPULATION) -> PromptInit:
+  """Rows of the frozen embedding table [V, H] drawn without replacement from the first
+  `population_size` rows (with replacement, and a warning, when P > population_size)."""
+  if population_size <= 0:
+    raise ConfigError(f"population_size must be > 0, got {population_size}")
+  table = np.asarray(table, np.float32)
+  population = min(population_size, table.shape[0])
+
+  def init(rng, shape):
+    _check_width(table, shape, "sampled-vocabulary init")
+    length = shape[0]
+    replace = length > population
+    if replace:
+      logging.warning("prompt length %d > %d rows to sample from: sampling with replacement",
+                      length, population)
+    rows = jax.random.choice(rng, population, (length,), replace=replace)
+    return jnp.asarray(table)[rows]  # [P, H]
+  return init
+
+
+def label_embeddings(table, vocabulary, labels: Sequence[str]) -> np.ndarray:
+  """[len(labels), H]: each label's subword embeddings, mean-pooled."""
+  table = np.asarray(table, np.float32)
+  rows = []
+  for label in labels:
+    ids = list(vocabulary.encode(label))
+    if not ids:
+      raise ConfigError(f"class label {label!r} encodes to no tokens")
+    if max(ids) >= table.shape[0]:
+      raise ConfigError(f"class label {label!r} has token id {max(ids)} outside the embedding "
+                        f"table of {table.shape[0]} rows")
+    rows.append(table[ids].mean(axis=0))
+  return np.stack(rows)  # [C, H]
+
+
+def class_label_init(table, vocabulary, labels: Sequence[str],
+                     fallback: Optional[PromptInit] = None) -> PromptInit:
+  """Positions 0..k-1: the mean subword embedding of each class label; the rest `fallback`
+  (default: sampled vocabulary)."""
+  labels = list(labels)
+  label_rows = label_embeddings(table, vocabulary, labels)  # [C, H]
+  rest = fallback or sampled_vocab_init(table)
+
+  def init(rng, shape):
+    _check_width(label_rows, shape, "class-label init")
+    if len(labels) > shape[0]:
+      raise ConfigError(f"{len(labels)} class labels do not fit a prompt of length {shape[0]}; "
+                        f"use PROMPT_LENGTH >= {len(labels)}")
+    prompt = jnp.asarray(rest(rng, shape), jnp.float32)  # [P, H]
+    return prompt.at[:len(labels)].set(jnp.asarray(label_rows))
+  return init
+
+
+def string_init(table, vocabulary, text: str,
+                fallback: Optional[PromptInit] = None) -> PromptInit:
+  """The first P token embeddings of `text`; positions past its end from `fallback`."""
+  table = np.asarray(table, np.float32)
+  ids = list(vocabulary.encode(text))
+  if not ids:
+    raise ConfigError(f"prompt text {text!r} encodes to no tokens")
+  rest = fallback or sampled_vocab_init(table)
+
+  def init(rng, shape):
+    _check_width(table, shape, "string init")
+    used = ids[:shape[0]]
+    if len(ids) > shape[0]:
+      logging.warning("prompt text has %d tokens; only the first %d are used", len(ids), shape[0])
+    prompt = jnp.asarray(rest(rng, shape), jnp.float32)  # [P, H]
+    return prompt.at[:len(used)].set(jnp.asarray(table[used]))
+  return init
+
+
+def array_init(value, what: str = "prompt array") -> PromptInit:
+  """A fixed array (e.g. a trained prompt), shape-checked against the parameter."""
+  value = np.asarray(value)
+
+  def init(rng, shape):
+    del rng
+    if tuple(value.shape) != tuple(shape):
+      raise ConfigError(f"{what} has shape {tuple(value.shape)}, the parameter needs "
+                        f"{tuple(shape)}")
+    return jnp.asarray(value, jnp.float32)
+  return init
+
+
+def load_prompt_file(path: str) -> np.ndarray:
+  if not path or not os.path.exists(path):
+    raise ConfigError(f"PROMPT_FILE {path!r} does not exist")
+  try:
+    return np.load(path)
+  except (ValueError, OSError) as e:
+    raise ConfigError(f"PROMPT_FILE {path!r} is not a .npy array: {e}") from e
+
+
+def file_init(path: str) -> PromptInit:
+  """A prompt saved as `.npy`; its shape must equal the parameter's ([P, H] for a prompt)."""
+  return array_init(load_prompt_file(path), what=f"PROMPT_FILE {path!r}")
+
+
+# ===== gin specs: spec(embedding [V, H], vocabulary) -> init =====
+
+def _embedding_table(embedding, embedding_file: Optional[str]):
+  if embedding_file:
+    if not os.path.exists(embedding_file):
+      raise ConfigError(f"EMBEDDING_FILE {embedding_file!r} does not exist")
+    return np.load(embedding_file)
+  if embedding is None:
+    raise ConfigError("this prompt initialiser needs the frozen embedding table "
+                      "(INITIAL_CHECKPOINT_PATH) or EMBEDDING_FILE")
+  return np.asarray(embedding, np.float32)
+
+
+@gin.configurable(module="prompt_jax")
+def uniform(scale: float = 0.5):
+  """Uniform on [0, scale), as the original prompt-tuning code."""
+  def spec(embedding=None, vocabulary=None):
+    del embedding, vocabulary
+    return uniform_init(scale)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def symmetric_uniform(scale: float = 0.5):
+  """Uniform on [-scale, scale], as the prompt-tuning paper says."""
+  def spec(embedding=None, vocabulary=None):
+    del embedding, vocabulary
+    return symmetric_uniform_init(scale)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def normal(stddev: float = 0.5):
+  def spec(embedding=None, vocabulary=None):
+    del embedding, vocabulary
+    return normal_init(stddev)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def from_sampled_vocab(population_size: int = DEFAULT_POPULATION,
+                       embedding_file: Optional[str] = None):
+  """Rows sampled (without replacement) from the first `population_size` token embeddings."""
+  def spec(embedding=None, vocabulary=None):
+    del vocabulary
+    return sampled_vocab_init(_embedding_table(embedding, embedding_file), population_size)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def from_class_labels(class_labels: Sequence[str] = gin.REQUIRED,
+                      fallback=None, embedding_file: Optional[str] = None):
+  """First len(CLASS_LABELS) rows: each label's mean token embedding; the rest from `fallback`
+
+  (a spec; default from_sampled_vocab()), as Lester et al.'s class-label initialisation.
+  """
+  class_labels = list(class_labels)
+
+  def spec(embedding=None, vocabulary=None):
+    table = _embedding_table(embedding, embedding_file)
+    if vocabulary is None:
+      raise ConfigError("from_class_labels needs the task's vocabulary")
+    rest = (fallback or from_sampled_vocab())(embedding=table, vocabulary=vocabulary)
+    return class_label_init(table, vocabulary, class_labels, rest)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def from_string(text: str = gin.REQUIRED, fallback=None, embedding_file: Optional[str] = None):
+  """The first PROMPT_LENGTH token embeddings of `text` (the rest from `fallback`)."""
+  def spec(embedding=None, vocabulary=None):
+    table = _embedding_table(embedding, embedding_file)
+    if vocabulary is None:
+      raise ConfigError("from_string needs the task's vocabulary")
+    rest = (fallback or from_sampled_vocab())(embedding=table, vocabulary=vocabulary)
+    return string_init(table, vocabulary, text, rest)
+  return spec
+
+
+@gin.configurable(module="prompt_jax")
+def from_file(path: str = gin.REQUIRED):
+  """A prompt saved as `.npy` (e.g. MODEL_DIR/numpy_checkpoints/checkpoint_<step>/...npy)."""
+  def spec(embedding=None, vocabulary=None):
+    del embedding, vocabulary
+    return file_init(path)
+  return spec
+
+
+def resolve(init_or_spec, embedding=None, vocabulary=None) -> PromptInit:
+  """A closure from either a closure or a spec (specs take keyword `embedding`)."""
+  if init_or_spec is None:
+    return uniform_init()
+  try:
+    params = inspect.signature(init_or_spec).parameters
+  except (TypeError, ValueError):
+    return init_or_spec
+  if "embedding" in params:
+    if embedding is None:  # shapes only: values do not matter
+      return uniform_init()
+    return init_or_spec(embedding=embedding, vocabulary=vocabulary)
+  return init_or_spec

@@ -1,0 +1,51 @@
+"""`prompt-jax describe` with each method's gin file prints the count of its formula, whatever
+the order of the --gin_file flags (no include-order trap between method and run files)."""
+import re
+
+import gin
+import pytest
+
+from prompt_jax import cli
+from prompt_jax.train import builders
+
+MODEL = "models/t5_1_1_small.gin"  # H = 512, 8 + 8 layers, D = 6 heads x 64 = 384
+H, L, D = 512, 8, 384
+
+
+def _describe(capsys, files, bindings):
+  argv = ["describe"] + [f"--gin_file={f}" for f in files] + [f"--gin.{b}" for b in bindings]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  spec = builders.model_spec().prompt
+  gin.clear_config()
+  count = int(re.search(r"trainable parameters: ([\d,]+)", out).group(1).replace(",", ""))
+  return count, spec
+
+
+@pytest.mark.parametrize("method_first", [True, False], ids=["method_first", "run_first"])
+def test_dpt_count_is_r_times_p_plus_h_in_any_order(capsys, method_first):
+  files = ["prompts/dpt.gin", "runs/prompt_finetune.gin"]
+  count, spec = _describe(capsys, [MODEL] + (files if method_first else files[::-1]),
+                          ["PROMPT_LENGTH=20", "DPT_RANK=4"])
+  assert type(spec).__name__ == "DPTSpec"
+  assert count == 4 * (20 + H)
+
+
+@pytest.mark.parametrize("method,bindings,formula", [
+    ("residual", ["PROMPT_LENGTH=10"], 10 * H + (2 * H * 400 + 400 + 3 * H)),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None"], 2 * L * 10 * D),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],
+     10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D),
+])
+def test_method_count_equals_its_formula(capsys, method, bindings, formula):
+  count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
+                          bindings)
+  assert count == formula
+  assert count == spec.num_trainable_params(builders.t5_config(preset="t5_1_1_small"))
+
+
+@pytest.mark.parametrize("method", ["idpg", "idpg_multilayer"])
+def test_generator_methods_count_equals_spec_formula(capsys, method):
+  count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
+                          ["PROMPT_LENGTH=5"])
+  assert count == spec.num_trainable_params(builders.t5_config(preset="t5_1_1_small"))

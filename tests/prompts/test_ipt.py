@@ -1,0 +1,99 @@
+"""IPT: random / pretrained lookup and encoder IPT; training, masks, the table's vocab check."""
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prompt_jax.models import T5
+from prompt_jax.prompts import ipt, ipt_pretrain, seam
+from prompt_jax.prompts.tuning import PromptTuning
+from prompt_jax.train.errors import ConfigError
+from tests.prompts import helpers
+
+P = 3
+V = helpers.TINY.vocab_size
+
+
+def _prompted(method, length):
+  model = T5(helpers.TINY, prompt=seam.prompt_factory(method, length))
+  return model, helpers.init_prompted(model)
+
+
+def test_random_ipt_reads_its_table_at_the_input_tokens_and_masks_padding():
+  model, params = _prompted(functools.partial(ipt.IPT, length=P, vocab_size=V), P)
+  table = params["encoder"]["prompt"]["prompt"]["table"]
+  enc, _, _ = helpers.batch()
+  out = model.apply({"params": params}, enc, method=lambda m, t: m.encoder.prompt_module.prompt(
+      t, m.token_embedder(t)))
+  np.testing.assert_array_equal(out, table[enc[:, :P]])
+  mask = model.apply({"params": params}, enc, method=T5.encoder_input_mask)
+  # Example 1 is [10, 9, 1, 0, ...]: all 3 prompt positions real; a 2-token input masks one.
+  np.testing.assert_array_equal(mask[1, :P], [1, 1, 1])
+  short = jnp.array([[7, 1, 0, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(
+      model.apply({"params": params}, short, method=T5.encoder_input_mask)[0, :P], [1, 1, 0])
+  after, _ = helpers.assert_trains_only(model, params, ["encoder/prompt/prompt/table"])
+  helpers.assert_masks_right(model, after)
+
+
+def test_pretrained_ipt_table_must_match_the_model_vocab(tmp_path):
+  good, bad = tmp_path / "good.npy", tmp_path / "bad.npy"
+  np.save(good, np.ones((V, 16), np.float32))
+  np.save(bad, np.ones((V + 5, 16), np.float32))
+  init = ipt.table_init(str(good), V, 16)
+  np.testing.assert_array_equal(init(None, (V, 16)), np.ones((V, 16)))
+  with pytest.raises(ConfigError, match=r"vocabulary \(69 rows\) differs from the model's "
+                                        r"vocab_size=64"):
+    ipt.table_init(str(bad), V, 16)
+
+
+@pytest.mark.parametrize("kind", ["textcnn", "lstm", "mlp"])
+def test_encoder_ipt_trains_only_its_encoder(kind):
+  method = functools.partial(ipt.IPT, length=2, vocab_size=V, mode="encoder", encoder=kind,
+                             rate=0.5, widths=(2, 3), filters=4, hidden=8)
+  model, params = _prompted(method, 2)
+  regex = r"encoder/prompt/prompt/text_encoder/.*"
+  if kind == "textcnn":  # one encoder trained (each step compiles): the others run forward
+    params, _ = helpers.assert_trains_only(model, params, ["encoder/prompt/prompt/text_encoder/"],
+                                           regex=regex)
+  helpers.assert_masks_right(model, params, num_prompt=2)
+  n = sum(v.size for v in jax.tree_util.tree_leaves(params["encoder"]["prompt"]["prompt"][
+      "text_encoder"]))
+  assert n == ipt.num_trainable_params(2, 16, V, "encoder", kind, (2, 3), 4, 8)
+  # Only the first ceil(rate·n) rows matter: changing a later token leaves the prompt unchanged.
+  enc, _, _ = helpers.batch()
+  prompt_of = lambda tokens: model.apply({"params": params}, tokens, method=lambda m, t: (
+      m.encoder.prompt_module.prompt(t, m.token_embedder(t))))
+  later = enc.at[0, 3].set(30)  # example 0 has n = 5 real tokens: rows 0..2 are used
+  np.testing.assert_allclose(prompt_of(later)[0], prompt_of(enc)[0], atol=1e-6)
+  assert np.abs(np.asarray(prompt_of(enc.at[0, 1].set(30))[0] - prompt_of(enc)[0])).max() > 1e-6
+
+
+def test_ipt_on_top_of_a_task_prompt():
+  method = functools.partial(seam.Concat, methods=(
+      functools.partial(PromptTuning, length=2),
+      functools.partial(ipt.IPT, length=P, vocab_size=V)))
+  model, params = _prompted(method, 2 + P)
+  helpers.assert_masks_right(model, params, num_prompt=2 + P)
+  assert set(params["encoder"]["prompt"]["prompt"]) == {"part_0", "part_1"}
+
+
+def test_ipt_pretraining_learns_and_writes_a_table(tmp_path):
+  rng = np.random.RandomState(0)
+  rows = [{"text": " ".join(["a"] * 3 + [w] * 2), "label": w} for w in "xyz" for _ in range(8)]
+  data = tmp_path / "cats.jsonl"
+  data.write_text("\n".join(json.dumps(r) for r in rows))
+  texts, labels = ipt_pretrain.read_jsonl(str(data))
+  encode = lambda text: [2 + "axyz".index(w) for w in text.split()]
+  tokens = ipt_pretrain.encode_batch(texts, encode, 6)
+  table, metrics = ipt_pretrain.pretrain_table(tokens, labels, V, 16, steps=30, batch_size=8,
+                                               learning_rate=0.05, widths=(2,), filters=4,
+                                               dropout_rate=0.0, log_every=0)
+  assert table.shape == (V, 16) and metrics["last_loss"] < metrics["first_loss"]
+  assert metrics["train_accuracy"] == 1.0
+  np.save(tmp_path / "t.npy", table)
+  assert ipt.load_table(str(tmp_path / "t.npy"), V, 16).shape == (V, 16)
+  del rng

@@ -1,0 +1,44 @@
+"""Prompt methods through the real trainer (`prompt_jax.train.loop.train`), not a test loop:
+the frozen backbone stays bit-identical, only the method's parameters train and are exported."""
+import os
+
+import gin
+import numpy as np
+import pytest
+
+from prompt_jax import checkpoints
+from prompt_jax import cli
+from prompt_jax.embedded import CHECKPOINT_DIR
+from prompt_jax.train import loop
+from prompt_jax.train import state as state_lib
+from tests.train import common
+
+
+@pytest.mark.parametrize("method,expected_prefixes", [
+    ("prefix", ("encoder/layer_prompts/",)),
+    ("dpt", ("encoder/prompt/prompt/a", "encoder/prompt/prompt/b")),
+])
+def test_method_trains_only_its_parameters_in_the_trainer(tmp_path, method, expected_prefixes):
+  model_dir = str(tmp_path / method)
+  # The method file first: it must still win over the run file (no include-order trap).
+  rest, bindings = cli.split_gin_dot_flags(
+      [f"--gin_file=prompts/{method}.gin"] + common.flags(model_dir, 3, "--gin.PROMPT_LENGTH=4"))
+  cli.parse_gin([a.split("=", 1)[1] for a in rest], bindings, [])
+  try:
+    _, run, state = loop.train(return_state=True)
+  finally:
+    gin.clear_config()
+  trainable = state_lib.flatten(state.params)
+  assert trainable and all(k.startswith(expected_prefixes) for k in trainable), list(trainable)
+  _, restored = checkpoints.load(CHECKPOINT_DIR)
+  restored = state_lib.flatten(restored)
+  frozen = state_lib.flatten(run.frozen)
+  assert set(frozen) == set(restored)
+  for name, value in frozen.items():
+    assert np.asarray(value).tobytes() == restored[name].tobytes(), name
+  exported = lambda step: {
+      f: np.load(os.path.join(model_dir, "numpy_checkpoints", f"checkpoint_{step}", f))
+      for f in os.listdir(os.path.join(model_dir, "numpy_checkpoints", f"checkpoint_{step}"))}
+  first, last = exported(1), exported(3)
+  assert set(first) == {k.replace("/", ".") + ".npy" for k in trainable}
+  assert any(not np.array_equal(first[f], last[f]) for f in first)
