@@ -1,0 +1,22 @@
+"""`prompt-jax bench train_step` runs both sides and reports ratios (no wall-time assertions)."""
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+
+from prompt_jax import cli  # noqa: E402
+
+
+def test_bench_reports_time_and_memory_ratios(capsys):
+  assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                   "--prompt_length=2", "--steps=1"]) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"prompt_jax \(jit\): +[0-9.]+ s/step, peak RSS \d+ MB", out)
+  assert re.search(r"HF torch .*: [0-9.]+ s/step", out)
+  assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
+
+
+def test_bench_rejects_unknown_preset(capsys):
+  assert cli.main(["bench", "train_step", "--preset=t5_9", "--reference=none"]) == 1
+  assert "unknown T5 preset 't5_9'" in capsys.readouterr().err
