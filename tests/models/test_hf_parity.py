@@ -77,3 +77,15 @@ def test_logits_and_greedy_match_hf(tmp_path, gated):
   our_tokens = np.asarray(greedy_decode(model, params, jnp.asarray(enc), 20))
   hf_tokens = np.pad(hf_tokens, ((0, 0), (0, 20 - hf_tokens.shape[1])))  # HF stops at EOS
   np.testing.assert_array_equal(our_tokens, hf_tokens)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+def test_relative_position_buckets_match_hf(bidirectional):
+  from prompt_jax.models.layers import relative_position_bucket  # pylint: disable=g-import-not-at-top
+  from transformers.models.t5.modeling_t5 import T5Attention  # pylint: disable=g-import-not-at-top
+  distances = np.arange(-600, 600)[None, :]
+  ours = relative_position_bucket(distances, bidirectional, 32, 128)
+  ref = T5Attention._relative_position_bucket(  # pylint: disable=protected-access
+      torch.tensor(distances), bidirectional=bidirectional, num_buckets=32,
+      max_distance=128).numpy()
+  np.testing.assert_array_equal(ours, ref)
