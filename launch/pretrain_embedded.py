@@ -18,9 +18,10 @@ import numpy as np
 import optax
 
 from prompt_jax import checkpoints
+from prompt_jax import run_setup
+from prompt_jax import trees
 from prompt_jax.embedded import task as task_lib
 from prompt_jax.models import T5
-from prompt_jax.train import builders
 from prompt_jax.train import state as state_lib
 
 EMBEDDED_MODEL = dict(emb_dim=64, num_heads=4, head_dim=16, mlp_dim=256, num_encoder_layers=2,
@@ -30,7 +31,7 @@ INPUT_LENGTH, TARGET_LENGTH = 20, 4
 
 
 def embedded_config():
-  return builders.t5_config(preset="t5_1_1_small", **EMBEDDED_MODEL)
+  return run_setup.t5_config(preset="t5_1_1_small", **EMBEDDED_MODEL)
 
 
 def encode(texts, length):
@@ -71,7 +72,7 @@ def main():
   model = T5(config)
   data = batches(args.batch_size, seed=0)
   first = next(data)
-  params = state_lib.unbox(model.init(jax.random.PRNGKey(0), first["encoder_input_tokens"],
+  params = trees.unbox(model.init(jax.random.PRNGKey(0), first["encoder_input_tokens"],
                                       first["decoder_input_tokens"],
                                       first["decoder_target_tokens"],
                                       enable_dropout=False)["params"])

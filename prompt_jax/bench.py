@@ -73,6 +73,8 @@ def _ours(args) -> Dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
 
   config = _config(args)
@@ -83,7 +85,7 @@ def _ours(args) -> Dict[str, float]:
       jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
       batch["decoder_input_tokens"][:1], batch["decoder_target_tokens"][:1],
       enable_dropout=False))())["params"]
-  trainable, frozen = state_lib.split(params, state_lib.DEFAULT_TRAINABLE_REGEX)
+  trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   tx = optimizers.adafactor().tx
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
   step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))

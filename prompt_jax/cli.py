@@ -230,8 +230,9 @@ def _register_configurables() -> None:
 
 def _run(command: str) -> int:
   if command == "train":
+    from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
     from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
-    metrics = loop.train()
+    metrics = loop.train(infer_fn=inference.evaluate)
     _print_final(metrics)
   elif command == "eval":
     from prompt_jax.evaluation import run  # pylint: disable=g-import-not-at-top
@@ -283,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _fail(command, str(e))
   except Exception as e:  # pylint: disable=broad-except
     from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
-    from prompt_jax.train.errors import ConfigError  # pylint: disable=g-import-not-at-top
+    from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
     if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
       return _fail(command, str(e).splitlines()[0] if str(e) else type(e).__name__)
     if isinstance(e, RuntimeError) and "Required bindings" in str(e):

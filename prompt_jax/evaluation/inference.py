@@ -14,9 +14,9 @@ import numpy as np
 import seqio
 
 from prompt_jax import partitioning
+from prompt_jax import trees
 from prompt_jax.models import decoding
 from prompt_jax.train import data as data_lib
-from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
 
 _EVALUATORS: Dict[tuple, seqio.Evaluator] = {}
@@ -64,7 +64,7 @@ def _gather(x) -> np.ndarray:
 def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
                    labels: Optional[Sequence[str]] = None, vocabulary=None) -> List[List[int]]:
   """Predicted target tokens for every row of `encoder_inputs` [N, T] (same on all processes)."""
-  params = state_lib.merge(run.trainable, run.frozen)
+  params = trees.merge(run.trainable, run.frozen)
   sharding = partitioning.data_sharding(run.mesh)
   label_ids = _label_tokens(labels, vocabulary) if labels else None
   out: List[List[int]] = []

@@ -13,15 +13,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from prompt_jax import partitioning
+from prompt_jax import run_setup
+from prompt_jax import trees
+from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import inference
 from prompt_jax.prompts import initializers
-from prompt_jax.train import builders
 from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
-from prompt_jax.train import setup_run
-from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
-from prompt_jax.train.errors import ConfigError
 
 
 def _checkpoint_params(path: str) -> Dict[str, np.ndarray]:
@@ -30,17 +29,17 @@ def _checkpoint_params(path: str) -> Dict[str, np.ndarray]:
     raise ConfigError(f"CHECKPOINT_PATH {path!r} is not a prompt_jax checkpoint "
                       f"(no {state_dir})")
   restored = ocp.StandardCheckpointer().restore(os.path.abspath(state_dir))
-  return state_lib.flatten(restored["params"])
+  return trees.flatten(restored["params"])
 
 
 def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
              initial_checkpoint_path: Optional[str], checkpoint_path: Optional[str],
              prompt_file: Optional[str], num_partitions: int,
-             model: Optional[builders.ModelSpec]) -> setup_run.Run:
+             model: Optional[run_setup.ModelSpec]) -> run_setup.Run:
   """The frozen backbone + the trained parameters, placed on a mesh."""
-  model = model or builders.model_spec()
+  model = model or run_setup.model_spec()
   mesh = partitioning.create_mesh(num_partitions)
-  setup_run.check_batch(dataset_cfg.batch_size, mesh)
+  run_setup.check_batch(dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   data_lib.check_split(task, dataset_cfg.split)
   if not checkpoint_path and model_dir and not prompt_file:
@@ -52,23 +51,23 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
                       "MODEL_DIR at a trained run")
   prompt = model.prompt
   if prompt_file and prompt is not None:
-    prompt = builders.PromptSpec(prompt.length, initializers.from_file(prompt_file),
+    prompt = run_setup.PromptSpec(prompt.length, initializers.from_file(prompt_file),
                                  prompt.placement)
-  run = setup_run.prepare(
+  run = run_setup.prepare(
       config=model.config, prompt=prompt, feature_lengths=dataset_cfg.task_feature_lengths,
       initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
       mesh=mesh, vocabulary=task.output_features["targets"].vocabulary,
       frozen_dtype=model.frozen_dtype)
   if checkpoint_path:
     saved = _checkpoint_params(checkpoint_path)
-    current = state_lib.flatten(run.trainable)
-    shardings = state_lib.flatten(run.trainable_shardings)
+    current = trees.flatten(run.trainable)
+    shardings = trees.flatten(run.trainable_shardings)
     for name, value in current.items():
       if name not in saved or tuple(saved[name].shape) != tuple(value.shape):
         raise ConfigError(f"checkpoint {checkpoint_path!r} has no parameter {name} of shape "
                           f"{tuple(value.shape)}")
       current[name] = jax.device_put(np.asarray(saved[name]), shardings[name])
-    run.trainable = state_lib.unflatten(current)
+    run.trainable = trees.unflatten(current)
   return run
 
 
@@ -77,7 +76,7 @@ def evaluate(*, model_dir: Optional[str] = None,
              dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
              initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
              prompt_file: Optional[str] = None, num_partitions: int = 1,
-             model: Optional[builders.ModelSpec] = None) -> Dict[str, float]:
+             model: Optional[run_setup.ModelSpec] = None) -> Dict[str, float]:
   """seqio.Evaluator metrics (rank classification when the task declares its labels)."""
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
                  prompt_file, num_partitions, model)
@@ -91,7 +90,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
           dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
           initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
-          model: Optional[builders.ModelSpec] = None) -> str:
+          model: Optional[run_setup.ModelSpec] = None) -> str:
   """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}."""
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
                  prompt_file, num_partitions, model)

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import tuning
-from prompt_jax.train.errors import ConfigError
 
 Array = jax.Array
 PromptInit = Callable[[Array, tuple], Array]

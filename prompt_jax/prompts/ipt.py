@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import initializers
-from prompt_jax.train.errors import ConfigError
 
 Array = jax.Array
 ENCODERS = ("textcnn", "lstm", "mlp")

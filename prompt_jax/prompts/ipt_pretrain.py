@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.prompts.ipt import TextCNN
-from prompt_jax.train.errors import ConfigError
 
 
 def read_jsonl(path: str, text_key: str = "text",

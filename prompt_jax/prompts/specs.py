@@ -1,6 +1,6 @@
 """gin-configurable method specs: what `--gin_file=prompts/<method>.gin` binds.
 
-A spec is a method before the frozen model is loaded. Like `train.builders.PromptSpec` it has
+A spec is a method before the frozen model is loaded. Like `run_setup.PromptSpec` it has
 `length`, `placement` and `factory(embedding, vocabulary)`; it also takes the T5Config
 (`config=`, for methods whose shapes depend on layers/heads/vocab), may give a per-layer hook
 (`layer_factory`), names the parameters it trains (`trainable_regex`) and counts them
@@ -8,7 +8,7 @@ A spec is a method before the frozen model is loaded. Like `train.builders.Promp
 
 `model_kwargs(spec, config, embedding, vocabulary)` builds the keyword arguments of
 `T5(config, prompt=..., layer_prompts=..., decoder_layer_prompts=...)` from any spec
-(train.builders.PromptSpec included): `T5(config, **model_kwargs(spec, config, ...))`.
+(run_setup.PromptSpec included): `T5(config, **model_kwargs(spec, config, ...))`.
 """
 import dataclasses
 import functools
@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import gin
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import idpg, initializers, ipt, low_rank, prefix, residual, seam
 from prompt_jax.prompts.tuning import PromptTuning
-from prompt_jax.train.errors import ConfigError
 
 DEFAULT_REGEX = r"encoder/(prompt|layer_prompts)/.*"
 
@@ -214,7 +214,7 @@ class DeepPrefixSpec(MethodSpec):
 def _count(spec, config) -> int:
   if hasattr(spec, "num_trainable_params"):
     return spec.num_trainable_params(config)
-  return spec.length * config.emb_dim  # train.builders.PromptSpec: plain prompt tuning
+  return spec.length * config.emb_dim  # run_setup.PromptSpec: plain prompt tuning
 
 
 @gin.configurable(module="prompt_jax")

@@ -15,6 +15,7 @@ import numpy as np
 from etils import epath
 import orbax.checkpoint as ocp
 
+from prompt_jax import trees
 from prompt_jax.train import state as state_lib
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -69,7 +70,7 @@ def export_numpy(model_dir: str, step: int, trainable: Mapping[str, Any],
   """Writes each trainable parameter not in `exclude` (backbone weights, when fine-tuning the
   whole model) as `.npy`, as prompt-tuning does; process 0 only."""
   flat = {k: np.asarray(jax.device_get(_fully_addressable(v)))
-          for k, v in state_lib.flatten(trainable).items() if k not in exclude}
+          for k, v in trees.flatten(trainable).items() if k not in exclude}
   if jax.process_index() != 0 or not flat:
     return None
   out = epath.Path(model_dir) / NUMPY_DIR / f"checkpoint_{step}"

@@ -15,7 +15,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from prompt_jax.train.errors import ConfigError
+from prompt_jax.errors import ConfigError
 
 
 @gin.configurable(module="prompt_jax")

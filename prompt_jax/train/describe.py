@@ -4,20 +4,20 @@ from typing import Optional
 import gin
 import numpy as np
 
-from prompt_jax.train import builders
-from prompt_jax.train import state as state_lib
+from prompt_jax import run_setup
+from prompt_jax import trees
 
 _SHAPE_LENGTHS = {"inputs": 8, "targets": 4}  # parameter shapes do not depend on lengths
 
 
 @gin.configurable(module="prompt_jax")
-def describe(model: Optional[builders.ModelSpec] = None, print_fn=print) -> dict:
+def describe(model: Optional[run_setup.ModelSpec] = None, print_fn=print) -> dict:
   """Prints each trainable parameter (path, shape, count), the trainable and frozen totals."""
-  model = model or builders.model_spec()
-  boxed = state_lib.abstract_variables(builders.build_model(model.config, model.prompt),
+  model = model or run_setup.model_spec()
+  boxed = run_setup.abstract_variables(run_setup.build_model(model.config, model.prompt),
                                        _SHAPE_LENGTHS)
-  flat = state_lib.flatten(state_lib.unbox(boxed))
-  trainable = {k: v.shape for k, v in flat.items() if state_lib.is_trainable(k, model.trainable_regex)}
+  flat = trees.flatten(trees.unbox(boxed))
+  trainable = {k: v.shape for k, v in flat.items() if trees.is_trainable(k, model.trainable_regex)}
   frozen = {k: v.shape for k, v in flat.items() if k not in trainable}
   n_trainable = sum(int(np.prod(s)) for s in trainable.values())
   n_frozen = sum(int(np.prod(s)) for s in frozen.values())

@@ -3,8 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
-import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import gin
 import jax
@@ -12,15 +11,14 @@ from etils import epath
 import numpy as np
 
 from prompt_jax import partitioning
-from prompt_jax.train import builders
+from prompt_jax import run_setup
+from prompt_jax.errors import ConfigError
 from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import losses
 from prompt_jax.train import optimizers
-from prompt_jax.train import setup_run
 from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
-from prompt_jax.train.errors import ConfigError
 
 
 def write_config(model_dir: str) -> None:
@@ -55,7 +53,7 @@ def _agreed_count(n: int) -> int:
   return int(np.max(multihost_utils.process_allgather(np.int32(n))))
 
 
-def teacher_forced_eval(run: setup_run.Run, eval_step, cfg: data_lib.DatasetConfig,
+def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConfig,
                         max_batches: Optional[int] = None) -> Dict[str, float]:
   """Token-weighted mean teacher-forced metrics over the (first `max_batches` batches of the)
   split. Processes with fewer batches of their shard feed all-padding batches."""
@@ -89,7 +87,7 @@ def teacher_forced_eval(run: setup_run.Run, eval_step, cfg: data_lib.DatasetConf
 @gin.configurable(module="prompt_jax")
 def train(*, model_dir: str = gin.REQUIRED,
           train_dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
-          model: Optional[builders.ModelSpec] = None,
+          model: Optional[run_setup.ModelSpec] = None,
           optimizer: optimizers.Optimizer = None,
           initial_checkpoint_path: Optional[str] = None,
           total_steps: int = gin.REQUIRED,
@@ -101,8 +99,13 @@ def train(*, model_dir: str = gin.REQUIRED,
           z_loss: float = 1e-4,
           loss_normalizing_factor: Any = losses.NUM_REAL_TARGET_TOKENS,
           stop_after_step: Optional[int] = None, return_state: bool = False,
-          eval_before_training: bool = False):
+          eval_before_training: bool = False,
+          infer_fn: Optional[Callable[..., Dict[str, float]]] = None):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
+
+  `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
+  `infer_eval_dataset_cfg` (the CLI passes `evaluation.inference.evaluate`; train/ does not
+  import evaluation/). Without it only teacher-forced evaluation runs.
 
   `eval_before_training` evaluates the untrained prompt first (t5x's run_eval_before_training),
   so a run shows what training changed.
@@ -110,12 +113,12 @@ def train(*, model_dir: str = gin.REQUIRED,
   `stop_after_step` ends the run early right after checkpointing that step (what a kill after
   step k leaves behind). `return_state`: return (metrics, run, state) instead (tests).
   """
-  model = model or builders.model_spec()
+  model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
   if total_steps < 1:
     raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
   mesh = partitioning.create_mesh(num_partitions)
-  setup_run.check_batch(train_dataset_cfg.batch_size, mesh)
+  run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
   vocabulary = task.output_features["targets"].vocabulary
@@ -124,7 +127,7 @@ def train(*, model_dir: str = gin.REQUIRED,
     raise ConfigError(f"TRAIN_STEPS={total_steps} is below the step {latest} restored from "
                       f"{checkpointing.checkpoints_dir(model_dir)}; raise TRAIN_STEPS or use a "
                       f"new MODEL_DIR")
-  run = setup_run.prepare(
+  run = run_setup.prepare(
       config=model.config, prompt=model.prompt,
       feature_lengths=train_dataset_cfg.task_feature_lengths,
       initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
@@ -162,11 +165,11 @@ def train(*, model_dir: str = gin.REQUIRED,
       out_shardings=replicated)
   dropout_rng = jax.device_put(jax.random.fold_in(jax.random.PRNGKey(random_seed), 1), replicated)
 
-  backbone = setup_run.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
+  backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   train_writer = summaries.writer(model_dir, summaries.TRAIN_DIR)
   start = int(jax.device_get(state.step))
   summaries.log("trainable parameters: %d, frozen parameters: %d; training steps %d -> %d",
-                setup_run.count(run.trainable), setup_run.count(run.frozen), start, total_steps)
+                run_setup.count(run.trainable), run_setup.count(run.frozen), start, total_steps)
   batches = data_lib.numpy_batches(data_lib.get_dataset(train_dataset_cfg,
                                                         start_position=position))
   progress = summaries.Progress(start, total_steps, train_dataset_cfg.batch_size)
@@ -183,10 +186,9 @@ def train(*, model_dir: str = gin.REQUIRED,
       summaries.log("training_eval step %d: %s", step,
                     " ".join(f"{k} {v:.4f}" for k, v in tf_metrics.items()))
       results.update({f"training_eval/{k}": v for k, v in tf_metrics.items()})
-    if infer_eval_dataset_cfg is not None:
-      from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+    if infer_eval_dataset_cfg is not None and infer_fn is not None:
       run.trainable = state.params
-      infer_metrics = inference.evaluate(run, infer_eval_dataset_cfg, model_dir, step)
+      infer_metrics = infer_fn(run, infer_eval_dataset_cfg, model_dir, step)
       summaries.log("inference_eval step %d: %s", step,
                     " ".join(f"{k} {v:.4f}" for k, v in infer_metrics.items()))
       results.update({f"inference_eval/{k}": v for k, v in infer_metrics.items()})

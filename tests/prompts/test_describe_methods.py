@@ -6,7 +6,7 @@ import gin
 import pytest
 
 from prompt_jax import cli
-from prompt_jax.train import builders
+from prompt_jax import run_setup
 
 MODEL = "models/t5_1_1_small.gin"  # H = 512, 8 + 8 layers, D = 6 heads x 64 = 384
 H, L, D = 512, 8, 384
@@ -16,7 +16,7 @@ def _describe(capsys, files, bindings):
   argv = ["describe"] + [f"--gin_file={f}" for f in files] + [f"--gin.{b}" for b in bindings]
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
-  spec = builders.model_spec().prompt
+  spec = run_setup.model_spec().prompt
   gin.clear_config()
   count = int(re.search(r"trainable parameters: ([\d,]+)", out).group(1).replace(",", ""))
   return count, spec
@@ -41,11 +41,11 @@ def test_method_count_equals_its_formula(capsys, method, bindings, formula):
   count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
                           bindings)
   assert count == formula
-  assert count == spec.num_trainable_params(builders.t5_config(preset="t5_1_1_small"))
+  assert count == spec.num_trainable_params(run_setup.t5_config(preset="t5_1_1_small"))
 
 
 @pytest.mark.parametrize("method", ["idpg", "idpg_multilayer"])
 def test_generator_methods_count_equals_spec_formula(capsys, method):
   count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
                           ["PROMPT_LENGTH=5"])
-  assert count == spec.num_trainable_params(builders.t5_config(preset="t5_1_1_small"))
+  assert count == spec.num_trainable_params(run_setup.t5_config(preset="t5_1_1_small"))

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5
 from prompt_jax.prompts import ipt, ipt_pretrain, seam
 from prompt_jax.prompts.tuning import PromptTuning
-from prompt_jax.train.errors import ConfigError
 from tests.prompts import helpers
 
 P = 3

@@ -7,12 +7,12 @@ from flax import traverse_util
 
 import flax.linen as nn
 from prompt_jax import paths
-from prompt_jax.partitioning import PROMPT_RULES
+from prompt_jax import run_setup
+from prompt_jax import trees
+from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5
+from prompt_jax.partitioning import PROMPT_RULES
 from prompt_jax.prompts import specs
-from prompt_jax.train import builders
-from prompt_jax.train import state as state_lib
-from prompt_jax.train.errors import ConfigError
 from tests.prompts import helpers
 
 CFG = helpers.TINY
@@ -32,7 +32,7 @@ def _count(spec, config=CFG):
       assert len(axes[path]) == len(shape.shape), path
       assert set(axes[path]) <= prompt_axes, (path, axes[path])
   return sum(int(np.prod(v.shape)) for k, v in flat.items()
-             if state_lib.is_trainable(k, spec.trainable_regex))
+             if trees.is_trainable(k, spec.trainable_regex))
 
 
 SPECS = {
@@ -93,9 +93,9 @@ def test_method_gin_files_bind_their_spec(gin_file):
         ["PROMPT_LENGTH = 4", "TRAINABLE_REGEX = 'encoder/(prompt|layer_prompts)/.*'",
          "prompt_jax.t5_config.preset = 't5_1_1_small'", "IPT_TABLE_FILE = '/unused.npy'"],
         finalize_config=False)
-    spec = builders.model_spec().prompt
+    spec = run_setup.model_spec().prompt
     assert isinstance(spec, specs.MethodSpec) and spec.length == 4
-    config = builders.t5_config(preset="t5_1_1_small")
+    config = run_setup.t5_config(preset="t5_1_1_small")
     assert spec.num_trainable_params(config) > 0
   finally:
     gin.clear_config()

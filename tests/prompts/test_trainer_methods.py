@@ -8,9 +8,9 @@ import pytest
 
 from prompt_jax import checkpoints
 from prompt_jax import cli
+from prompt_jax import trees
 from prompt_jax.embedded import CHECKPOINT_DIR
 from prompt_jax.train import loop
-from prompt_jax.train import state as state_lib
 from tests.train import common
 
 
@@ -28,11 +28,11 @@ def test_method_trains_only_its_parameters_in_the_trainer(tmp_path, method, expe
     _, run, state = loop.train(return_state=True)
   finally:
     gin.clear_config()
-  trainable = state_lib.flatten(state.params)
+  trainable = trees.flatten(state.params)
   assert trainable and all(k.startswith(expected_prefixes) for k in trainable), list(trainable)
   _, restored = checkpoints.load(CHECKPOINT_DIR)
-  restored = state_lib.flatten(restored)
-  frozen = state_lib.flatten(run.frozen)
+  restored = trees.flatten(restored)
+  frozen = trees.flatten(run.frozen)
   assert set(frozen) == set(restored)
   for name, value in frozen.items():
     assert np.asarray(value).tobytes() == restored[name].tobytes(), name

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5
 from prompt_jax.prompts import initializers as inits
 from prompt_jax.prompts import seam
 from prompt_jax.prompts.tuning import PromptTuning
-from prompt_jax.train.errors import ConfigError
 from tests.prompts import helpers
 
 TABLE = np.random.RandomState(0).randn(6000, 16).astype(np.float32)

@@ -10,8 +10,8 @@ import pytest
 
 from prompt_jax import checkpoints
 from prompt_jax import cli
+from prompt_jax import trees
 from prompt_jax.embedded import CHECKPOINT_DIR
-from prompt_jax.train import state as state_lib
 from tests.train import common
 
 
@@ -27,12 +27,13 @@ def run_cli(argv):
 def trained(tmp_path_factory):
   """A 4-step run returning (metrics, run, state) via the gin-configured loop."""
   import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
   model_dir = str(tmp_path_factory.mktemp("trained"))
   rest, bindings = cli.split_gin_dot_flags(common.flags(
       model_dir, 4, "--gin.EVAL_PERIOD=4", "--gin.prompt_jax.train.eval_steps=2"))
   cli.parse_gin([a.split("=", 1)[1] for a in rest], bindings, [])
-  result = loop.train(return_state=True)
+  result = loop.train(return_state=True, infer_fn=inference.evaluate)
   gin.clear_config()
   return model_dir, result
 
@@ -50,13 +51,13 @@ def test_final_evaluation_metrics_and_summaries(trained):
 def test_frozen_bit_identical_prompt_changed_opt_state_prompt_only(trained):
   model_dir, (_, run, state) = trained
   _, restored = checkpoints.load(CHECKPOINT_DIR)
-  restored = state_lib.flatten(restored)
-  frozen = state_lib.flatten(run.frozen)
+  restored = trees.flatten(restored)
+  frozen = trees.flatten(run.frozen)
   assert set(frozen) == set(restored)  # every backbone parameter is frozen
   for name, value in frozen.items():
     np.testing.assert_array_equal(np.asarray(value), restored[name], err_msg=name)
     assert np.asarray(value).tobytes() == restored[name].tobytes(), name
-  trainable = state_lib.flatten(state.params)
+  trainable = trees.flatten(state.params)
   assert list(trainable) == ["encoder/prompt/prompt/prompt"]
   first = common.prompt_at(model_dir, 1)
   last = common.prompt_at(model_dir, 4)

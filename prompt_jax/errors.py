@@ -1,4 +1,4 @@
-"""One error type for bad run configurations: the CLI prints its message as one line."""
+"""Errors a user can act on: the CLI prints their message as one line and exits 2."""
 
 
 class ConfigError(ValueError):

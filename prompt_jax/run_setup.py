@@ -1,0 +1,251 @@
+"""Run set-up shared by train, eval, infer and describe: the model of a run, built from gin.
+
+  prompt_jax.t5_config.preset = 't5_1_1_large'           (gin/models/*.gin)
+  prompt_jax.prompt_tuning.length = %PROMPT_LENGTH       (gin/runs/prompt_*.gin)
+  prompt_jax.prompt_tuning.init = @prompt_jax.from_class_labels()   (gin/prompts/*.gin)
+
+`prepare(...)` validates the configuration and restores the frozen backbone (sharded, never a
+whole-model init) *before* anything is written to MODEL_DIR, so a bad configuration leaves no
+trace. It sits above models/, prompts/ and checkpoints/ and below train/ and evaluation/.
+"""
+import dataclasses
+import logging
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from prompt_jax import checkpoints
+from prompt_jax import partitioning
+from prompt_jax import trees
+from prompt_jax import vocab as vocab_lib
+from prompt_jax.errors import ConfigError
+from prompt_jax.models import T5, T5Config, get_config
+from prompt_jax.prompts import initializers
+from prompt_jax.prompts import PromptTuning, prompt_factory
+from prompt_jax.prompts import specs
+
+Array = jax.Array
+PyTree = Any
+DEFAULT_TRAINABLE_REGEX = specs.DEFAULT_REGEX
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name) -> Any:
+  if not isinstance(name, str):
+    return name
+  if name not in _DTYPES:
+    raise ConfigError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+  return _DTYPES[name]
+
+
+@gin.configurable(module="prompt_jax")
+def t5_config(preset: str = gin.REQUIRED, dropout_rate: Optional[float] = None,
+              dtype: str = "bfloat16", vocab_size: Optional[int] = None,
+              **overrides) -> T5Config:
+  """A T5 preset (models/config.py PRESETS) with run-level overrides."""
+  if dropout_rate is not None:
+    overrides["dropout_rate"] = dropout_rate
+  if vocab_size is not None:
+    overrides["vocab_size"] = vocab_size
+  try:
+    return get_config(preset, dtype=dtype_of(dtype), **overrides)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+  """A prompt method before the frozen embedding is known: length, init spec, placement."""
+  length: int
+  init: Callable = None  # spec(embedding, vocabulary) -> (rng, shape) -> array
+  placement: str = "prefix"
+
+  def factory(self, embedding=None, vocabulary=None):
+    """What `T5(config, prompt=...)` takes; `embedding=None` for shapes only."""
+    if self.length < 1:
+      raise ConfigError(f"PROMPT_LENGTH must be >= 1, got {self.length}")
+    spec = self.init or initializers.uniform()
+    init = spec(embedding, vocabulary) if embedding is not None else initializers.uniform()()
+    method = lambda name: PromptTuning(length=self.length, init=init, name=name)
+    return prompt_factory(method, self.length, self.placement)
+
+
+@gin.configurable(module="prompt_jax")
+def prompt_tuning(length: int = 100, init: Optional[Callable] = None,
+                  placement: str = "prefix") -> PromptSpec:
+  """Lester et al.'s prompt tuning: one learned [length, emb_dim] prompt (prefix by default)."""
+  return PromptSpec(length, init, placement)
+
+
+def build_model(config: T5Config, prompt, embedding=None, vocabulary=None) -> T5:
+  """T5 with the prompt of `prompt` (a PromptSpec or any prompts.specs method spec): the
+  input-level prompt and, for deep methods, the per-layer hooks."""
+  return T5(config, **specs.model_kwargs(prompt, config, embedding, vocabulary))
+
+
+DEFAULT_PROMPT = "prompt_tuning"  # model_spec's default: Lester et al.'s prompt tuning
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The model of a run (t5x's MODEL): backbone config, prompt, what trains, frozen dtype."""
+  config: T5Config
+  prompt: Optional[PromptSpec]
+  trainable_regex: str
+  frozen_dtype: str = "float32"
+
+
+@gin.configurable(module="prompt_jax")
+def model_spec(config: Optional[T5Config] = None, prompt: Any = DEFAULT_PROMPT,
+               trainable_regex: Optional[str] = None,
+               frozen_dtype: str = "float32") -> ModelSpec:
+  """`config` defaults to the gin-configured `t5_config()` (set by gin/models/*.gin).
+
+  `prompt` defaults to the gin-configured `prompt_tuning()`; a method's gin file
+  (gin/prompts/<method>.gin) binds another spec, `runs/model_finetune.gin` binds None. No run
+  file binds it, so a method file works whatever its position among the --gin_file flags.
+  `trainable_regex` (TRAINABLE_REGEX) None: the prompt method's own regex.
+  """
+  if prompt is DEFAULT_PROMPT:
+    prompt = prompt_tuning()
+  if trainable_regex is None:
+    trainable_regex = getattr(prompt, "trainable_regex", DEFAULT_TRAINABLE_REGEX)
+  return ModelSpec(config if config is not None else t5_config(), prompt, trainable_regex,
+                   frozen_dtype)
+
+
+# ===== The parameters of a run =====
+
+def model_inputs(batch_size: int, feature_lengths: Mapping[str, int]) -> Tuple[Array, ...]:
+  """Dummy (encoder_input_tokens, decoder_input_tokens, decoder_target_tokens) for init."""
+  enc = jnp.ones((batch_size, feature_lengths["inputs"]), jnp.int32)
+  dec = jnp.ones((batch_size, feature_lengths["targets"]), jnp.int32)
+  return enc, dec, dec
+
+
+def abstract_variables(model: nn.Module, feature_lengths: Mapping[str, int]) -> PyTree:
+  """Boxed abstract `params` of `model` (shapes and logical axes, nothing allocated)."""
+  inputs = model_inputs(1, feature_lengths)
+  return jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), *inputs, enable_dropout=False))["params"]
+
+
+def param_shardings(boxed_params: PyTree, mesh: Mesh) -> PyTree:
+  """NamedShardings of every parameter from its logical axes (t5x rules + prompt rules)."""
+  specs = partitioning.logical_specs(boxed_params)
+  return partitioning.logical_to_sharding(specs, mesh)
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything built for one run. Trees are nested dicts of (sharded) jax.Arrays."""
+  mesh: Mesh
+  config: T5Config
+  model: nn.Module
+  trainable: PyTree
+  frozen: PyTree
+  trainable_shardings: PyTree
+  frozen_shardings: PyTree
+
+
+def backbone_paths(config: T5Config) -> set:
+  return set(trees.flatten(checkpoints.expected_shapes(config)))
+
+
+def check_batch(batch_size: int, mesh: Mesh) -> None:
+  data_parallel = mesh.shape["data"]
+  if batch_size < 1 or batch_size % data_parallel:
+    raise ConfigError(
+        f"BATCH_SIZE={batch_size} is not divisible by the data-parallel size {data_parallel} "
+        f"({jax.device_count()} devices / {mesh.shape['model']} model partitions)")
+  if batch_size % jax.process_count():
+    raise ConfigError(f"BATCH_SIZE={batch_size} is not divisible by the "
+                      f"{jax.process_count()} processes")
+
+
+def prepare(*, config: T5Config, prompt: Optional[PromptSpec],
+            feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
+            trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
+            frozen_dtype: str = "float32") -> Run:
+  """Restores the frozen backbone (sharded) and initialises what it lacks (the prompt)."""
+  if vocabulary is not None:
+    try:
+      vocab_lib.check_fits(vocabulary, config.vocab_size)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+  if prompt is not None:
+    specs.check_fits(prompt, feature_lengths["inputs"])
+  abstract_model = build_model(config, prompt)
+  boxed = abstract_variables(abstract_model, feature_lengths)
+  shardings = trees.flatten(param_shardings(boxed, mesh))
+  backbone = backbone_paths(config)
+  init_rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)
+
+  if initial_checkpoint_path:
+    try:
+      _, loaded = checkpoints.load(initial_checkpoint_path, config,
+                                   dtype=dtype_of(frozen_dtype),
+                                   shardings=lambda path: shardings[path])
+    except checkpoints.CheckpointError as e:
+      raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} cannot be read: "
+                        f"{e}") from e
+    loaded = trees.flatten(loaded)
+  else:
+    logging.warning("INITIAL_CHECKPOINT_PATH is empty: the backbone is randomly initialised")
+    loaded = _init(abstract_model, feature_lengths, init_rng, shardings,
+                   keep=lambda p: p in backbone)
+
+  embedding = loaded.get("token_embedder/embedding")
+  embedding = (np.asarray(_host(embedding), np.float32) if embedding is not None else None)
+  model = build_model(config, prompt, embedding, vocabulary)
+  fresh = _init(model, feature_lengths, init_rng, shardings, keep=lambda p: p not in backbone)
+  params = dict(loaded)
+  params.update(fresh)
+
+  trainable = {k: v for k, v in params.items() if trees.is_trainable(k, trainable_regex)}
+  if not trainable:
+    raise ConfigError(f"TRAINABLE_REGEX {trainable_regex!r} matches no parameter; "
+                      f"parameters include {sorted(params)[:3]}... and {sorted(fresh)}")
+  frozen_dt = dtype_of(frozen_dtype)
+  frozen = {k: (v.astype(frozen_dt) if v.dtype != frozen_dt else v)
+            for k, v in params.items() if k not in trainable}
+  trainable = {k: v.astype(jnp.float32) for k, v in trainable.items()}
+  return Run(mesh=mesh, config=config, model=model,
+             trainable=trees.unflatten(trainable), frozen=trees.unflatten(frozen),
+             trainable_shardings=trees.unflatten({k: shardings[k] for k in trainable}),
+             frozen_shardings=trees.unflatten({k: shardings[k] for k in frozen}))
+
+
+def _init(model, feature_lengths, rng, shardings, keep) -> dict:
+  """Initialises only the kept parameters (XLA drops the rest), placed by their shardings."""
+  inputs = model_inputs(1, feature_lengths)
+  abstract = trees.flatten(trees.unbox(jax.eval_shape(
+      lambda: model.init(rng, *inputs, enable_dropout=False))["params"]))
+  names = [k for k in abstract if keep(k)]
+
+  def init(rng):
+    params = trees.flatten(trees.unbox(
+        model.init(rng, *inputs, enable_dropout=False)["params"]))
+    return {k: params[k] for k in names}
+
+  with partitioning.axis_rules(shardings[next(iter(shardings))].mesh):
+    return jax.jit(init, out_shardings={k: shardings[k] for k in names})(rng)
+
+
+def _host(x):
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return multihost_utils.process_allgather(x, tiled=True)
+  return jax.device_get(x)
+
+
+def count(tree: PyTree) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
