@@ -33,7 +33,9 @@ Array = jax.Array
 PyTree = Any
 DEFAULT_TRAINABLE_REGEX = specs.DEFAULT_REGEX
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# float64 is for reference computations (tests derive float32 error bounds from a float64 run).
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+           "float64": jnp.float64}
 
 
 def dtype_of(name) -> Any:
@@ -41,6 +43,8 @@ def dtype_of(name) -> Any:
     return name
   if name not in _DTYPES:
     raise ConfigError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+  if name == "float64" and not jax.config.jax_enable_x64:
+    raise ConfigError("dtype 'float64' needs 64-bit JAX: set JAX_ENABLE_X64=1")
   return _DTYPES[name]
 
 
@@ -217,7 +221,9 @@ def prepare(*, config: T5Config, prompt: Optional[PromptSpec],
   frozen_dt = dtype_of(frozen_dtype)
   frozen = {k: (v.astype(frozen_dt) if v.dtype != frozen_dt else v)
             for k, v in params.items() if k not in trainable}
-  trainable = {k: v.astype(jnp.float32) for k, v in trainable.items()}
+  # Trainable parameters and their optimizer state in float32 (float64 in a float64 run).
+  trainable_dt = jnp.promote_types(jnp.float32, config.dtype)
+  trainable = {k: v.astype(trainable_dt) for k, v in trainable.items()}
   return Run(mesh=mesh, config=config, model=model,
              trainable=trees.unflatten(trainable), frozen=trees.unflatten(frozen),
              trainable_shardings=trees.unflatten({k: shardings[k] for k in trainable}),

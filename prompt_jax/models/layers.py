@@ -28,6 +28,12 @@ def constrain(x: Array, names: Sequence[Optional[str]]) -> Array:
   return nn.with_logical_constraint(x, tuple(names))
 
 
+def at_least_float32(dtype: DType) -> DType:
+  """The dtype of statistics and logits: float32 for bfloat16/float32 models, float64 for a
+  float64 reference computation (tests derive float32 error bounds from one)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def _param(module: nn.Module, name: str, init: Initializer, shape: Tuple[int, ...],
            axes: Tuple[str, ...]) -> Array:
   """A float32 parameter that carries its logical axis names."""
@@ -35,13 +41,13 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Tuple[int, ..
 
 
 class LayerNorm(nn.Module):
-  """T5's RMS layer norm: no mean subtraction, no bias, statistics in float32."""
+  """T5's RMS layer norm: no mean subtraction, no bias, statistics in (at least) float32."""
   epsilon: float = 1e-6
   dtype: DType = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    x = jnp.asarray(x, jnp.float32)
+    x = jnp.asarray(x, at_least_float32(self.dtype))
     mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)  # [batch, length, 1]
     y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
     scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
@@ -287,8 +293,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
                           float32_logits: bool = False) -> Array:
   """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions)."""
   if float32_logits:
-    query = query.astype(jnp.float32)
-    key = key.astype(jnp.float32)
+    query = query.astype(at_least_float32(query.dtype))
+    key = key.astype(at_least_float32(key.dtype))
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
   if bias is not None:
     logits = logits + bias.astype(logits.dtype)

@@ -188,7 +188,7 @@ class Decoder(nn.Module):
       # Tied output projection, rescaled by 1/sqrt(emb_dim) as in Mesh TensorFlow T5.
       logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
     else:
-      logits = layers.DenseGeneral((cfg.vocab_size,), dtype=jnp.float32,
+      logits = layers.DenseGeneral((cfg.vocab_size,), dtype=layers.at_least_float32(cfg.dtype),
                                    kernel_axes=("embed", "vocab"), name="logits_dense")(y)
     return layers.constrain(logits, ("batch", "length", "vocab"))  # [batch, S, vocab]
 

@@ -61,7 +61,7 @@ def encoder_representation(module: nn.Module, input_tokens: Array, embedded: Arr
   for layer in enc.layers:
     x = layer(x, mask, None, True)  # [B, T, H]
   x = enc.encoder_norm(x)
-  return jax.lax.stop_gradient(masked_mean(x.astype(jnp.float32), valid))  # [B, H]
+  return jax.lax.stop_gradient(masked_mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), valid))  # [B, H]
 
 
 class IDPG(nn.Module):
@@ -91,7 +91,7 @@ class IDPG(nn.Module):
     if self.representation == "encoder":
       return encoder_representation(self, input_tokens, embedded)
     return jax.lax.stop_gradient(
-        masked_mean(embedded.astype(jnp.float32), input_tokens > 0))  # [B, H]
+        masked_mean(embedded.astype(jnp.promote_types(embedded.dtype, jnp.float32)), input_tokens > 0))  # [B, H]
 
   @nn.compact
   def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True) -> Array:
@@ -207,10 +207,10 @@ class MultiLayerIDPG(nn.Module):
     b2 = pick(self._param("prompt", self.prompt_init, (length, h_dim),
                           ("prompt", "prompt_embed"), per_b), per_b)  # [P, H]
     if self.generator_input == "previous_layer" and layer > 0:
-      r = masked_mean(x.astype(jnp.float32), input_mask)  # [B, H]
+      r = masked_mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), input_mask)  # [B, H]
     else:
       embedded = _frozen_encoder(self).shared_embedding(input_tokens)  # [B, T, H]
-      r = jax.lax.stop_gradient(masked_mean(embedded.astype(jnp.float32), input_tokens > 0))
+      r = jax.lax.stop_gradient(masked_mean(embedded.astype(jnp.promote_types(embedded.dtype, jnp.float32)), input_tokens > 0))
     drop = nn.Dropout(self.dropout_rate)
     r = drop(r, deterministic=deterministic)
     hidden = getattr(nn, self.activation)(r @ w1 + b1)  # [B, m]

@@ -11,7 +11,7 @@ NUM_REAL_TARGET_TOKENS = "NUM_REAL_TARGET_TOKENS"
 def cross_entropy_with_z_loss(logits: Array, targets: Array,
                               z_loss: float = 1e-4) -> Tuple[Array, Array]:
   """Per-token (loss, z_loss) [B, S]: -log p(target) + z_loss * logsumexp(logits)^2 (t5x)."""
-  logits = logits.astype(jnp.float32)  # [B, S, V]
+  logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # [B, S, V]
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [B, S]
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, S]
   z = z_loss * jnp.square(log_z)

@@ -6,6 +6,7 @@ import numpy as np
 
 from prompt_jax.models import T5, T5Config
 from prompt_jax.models.layers import MultiHeadDotProductAttention
+from tests import numerics
 
 TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                 num_encoder_layers=2, num_decoder_layers=1, dtype=jnp.float32,
@@ -25,6 +26,22 @@ class FixedPrefix(nn.Module):
     return x, (expand(k), expand(v))
 
 
+def _numpy_attention(x, params, mask, bias, k_p, v_p, dtype):
+  """The attention with a key/value prefix written out in numpy, computed in `dtype`."""
+  x, mask, bias, k_p, v_p = (np.asarray(a, dtype) for a in (x, mask, bias, k_p, v_p))
+  p = {k: np.asarray(v["kernel"], dtype) for k, v in params.items()}
+  proj = lambda name: (x @ p[name]).reshape(2, 5, 2, 8)
+  q, k, v = proj("query"), proj("key"), proj("value")
+  k_all, v_all = np.concatenate([k_p, k], 1), np.concatenate([v_p, v], 1)
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k_all)
+  full_bias = np.concatenate([np.zeros((1, 2, 5, 3), dtype), bias], -1)
+  full_mask = np.concatenate([np.ones((2, 1, 5, 3), dtype), mask], -1)
+  logits = logits + full_bias + np.where(full_mask > 0, 0.0, -1e10).astype(dtype)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", w, v_all).reshape(2, 5, 16) @ p["out"]
+
+
 def test_attention_with_kv_prefix_matches_numpy():
   rng = np.random.RandomState(0)
   x = rng.randn(2, 5, 16).astype(np.float32)
@@ -33,22 +50,17 @@ def test_attention_with_kv_prefix_matches_numpy():
   bias = rng.randn(1, 2, 5, 5).astype(np.float32)
   k_p = rng.randn(2, 3, 2, 8).astype(np.float32)
   v_p = rng.randn(2, 3, 2, 8).astype(np.float32)
-  attn = MultiHeadDotProductAttention(num_heads=2, head_dim=8)
-  params = attn.init(jax.random.PRNGKey(0), x, x, mask, bias)
-  out = attn.apply(params, x, x, mask, bias, kv_prefix=(k_p, v_p))
-
+  params = MultiHeadDotProductAttention(num_heads=2, head_dim=8).init(
+      jax.random.PRNGKey(0), x, x, mask, bias)
   p = nn.meta.unbox(params)["params"]
-  proj = lambda name: (x @ np.asarray(p[name]["kernel"])).reshape(2, 5, 2, 8)
-  q, k, v = proj("query"), proj("key"), proj("value")
-  k_all, v_all = np.concatenate([k_p, k], 1), np.concatenate([v_p, v], 1)
-  logits = np.einsum("bqhd,bkhd->bhqk", q, k_all)
-  full_bias = np.concatenate([np.zeros((1, 2, 5, 3)), bias], -1)
-  full_mask = np.concatenate([np.ones((2, 1, 5, 3)), mask], -1)
-  logits = logits + full_bias + np.where(full_mask > 0, 0.0, -1e10)
-  w = np.exp(logits - logits.max(-1, keepdims=True))
-  w /= w.sum(-1, keepdims=True)
-  ref = np.einsum("bhqk,bkhd->bqhd", w, v_all).reshape(2, 5, 16) @ np.asarray(p["out"]["kernel"])
-  np.testing.assert_allclose(out, ref, atol=1e-5)
+
+  def ours(dtype):
+    attn = MultiHeadDotProductAttention(num_heads=2, head_dim=8, dtype=dtype)
+    p_, x_, mask_, bias_, k_, v_ = numerics.cast((p, x, mask, bias, k_p, v_p), dtype)
+    return attn.apply({"params": p_}, x_, x_, mask_, bias_, kv_prefix=(k_, v_))
+
+  # Bound: the numpy formula's own float32 error against its float64 evaluation (numerics.py).
+  numerics.check_equivalent(ours, lambda dt: _numpy_attention(x, p, mask, bias, k_p, v_p, dt))
 
 
 def _batch():
@@ -71,9 +83,10 @@ def test_layer_hook_params_live_under_encoder_and_change_outputs():
   with_prefix = deep.apply({"params": d_params}, enc, dec_in, tgt, enable_dropout=False)
   assert np.abs(np.asarray(base) - np.asarray(with_prefix)).max() > 1e-3
 
-  # A prefix of length 0 is the plain model.
+  # A prefix of length 0 is the plain model: the same arithmetic (concatenating nothing), so
+  # the logits are bitwise equal.
   empty = T5(TINY, layer_prompts=lambda name: FixedPrefix(length=0, name=name))
   e_params = dict(params, encoder=dict(params["encoder"], layer_prompts={
       "key": jnp.zeros((0, 2, 8)), "value": jnp.zeros((0, 2, 8))}))
-  np.testing.assert_allclose(
-      empty.apply({"params": e_params}, enc, dec_in, tgt, enable_dropout=False), base, atol=1e-6)
+  np.testing.assert_array_equal(
+      empty.apply({"params": e_params}, enc, dec_in, tgt, enable_dropout=False), base)
