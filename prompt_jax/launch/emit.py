@@ -27,7 +27,7 @@ import os
 import re
 import shlex
 import stat
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from prompt_jax.errors import ConfigError
 from prompt_jax.launch import spec as spec_lib

@@ -14,12 +14,12 @@ data read back from the drawn lines.
 import csv
 import dataclasses
 import fnmatch
+import itertools
 import math
 import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from prompt_jax.errors import ConfigError
 from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
 
@@ -213,7 +213,6 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
 
 
 def _line_order(sweep: spec_lib.Sweep, line_axes: Sequence[str]) -> Dict[str, int]:
-  import itertools  # pylint: disable=g-import-not-at-top
   axes = {a.name: a for a in sweep.axes}
   combos = itertools.product(*[axes[a].labels for a in line_axes])
   return {_line_label(line_axes, dict(zip(line_axes, c))): i for i, c in enumerate(combos)}
@@ -247,8 +246,8 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
                         else os.path.abspath(os.path.join("sweep_runs", sweep.name, "report")))
   os.makedirs(out_dir, exist_ok=True)
   results = collect(sweep)
-  patterns = [metric or sweep.report.get("metric")] if (metric or sweep.report.get("metric")) \
-      else list(DEFAULT_METRICS)
+  metric = metric or sweep.report.get("metric")
+  patterns = [metric] if metric else list(DEFAULT_METRICS)
   all_names = sorted({n for r in results for n in r.series
                       if not n.startswith("train/") or n == "train/loss"})
   axis_names = [a.name for a in sweep.axes]

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, TextIO
+from typing import Dict, List, TextIO
 
 from prompt_jax.errors import ConfigError
 from prompt_jax.launch import spec as spec_lib

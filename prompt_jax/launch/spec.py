@@ -30,7 +30,6 @@ Packaged gin files stay relative (the cluster's install finds them); your own be
 """
 import dataclasses
 import difflib
-import itertools
 import os
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -85,20 +84,23 @@ class Job:
     """Arguments after `prompt-jax`: `train --gin_file=... --gin.X=...`."""
     return ["train"] + self._flags(self.gin_files, self.bindings)
 
-  def eval_args(self, extra_gin_files: Sequence[str] = (),
-                extra_bindings: Sequence[Tuple[str, str]] = ()) -> List[str]:
-    """`prompt-jax eval` of this job's final checkpoint; results under MODEL_DIR/eval.
-
-    runs/prompt_eval.gin comes first so that the job's own files keep their values (packaged
-    run files are parsed in command-line order).
-    """
+  def eval_config(self, extra_gin_files: Sequence[str] = (),
+                  extra_bindings: Sequence[Tuple[str, str]] = ()
+                  ) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """(gin files, bindings) of `prompt-jax eval` on this job's final checkpoint, results under
+    MODEL_DIR/eval. runs/prompt_eval.gin comes first so that the job's own files keep their
+    values (packaged run files are parsed in command-line order)."""
     step = self.train_steps if self.train_steps is not None else "<TRAIN_STEPS>"
     bindings = [(k, v) for k, v in self.bindings if k != "MODEL_DIR"] + [
         ("MODEL_DIR", gin_string(join(self.model_dir, "eval"))),
         ("CHECKPOINT_PATH", gin_string(join(self.model_dir, "checkpoints", str(step)))),
     ] + list(extra_bindings)
-    return ["eval"] + self._flags(["runs/prompt_eval.gin", *self.gin_files, *extra_gin_files],
-                                  bindings)
+    return ["runs/prompt_eval.gin", *self.gin_files, *extra_gin_files], bindings
+
+  def eval_args(self, extra_gin_files: Sequence[str] = (),
+                extra_bindings: Sequence[Tuple[str, str]] = ()) -> List[str]:
+    """Arguments after `prompt-jax`: `eval --gin_file=... --gin.X=...` (see eval_config)."""
+    return ["eval"] + self._flags(*self.eval_config(extra_gin_files, extra_bindings))
 
 
 @dataclasses.dataclass
@@ -454,11 +456,41 @@ def build(spec: str, root: Optional[str] = None,
                         f"{dirs[job.model_dir].values} and {job.values}): make the labels of "
                         f"each axis distinct")
     dirs[job.model_dir] = job
-  report = data.get("report") or {}
-  if not isinstance(report, dict):
-    raise ConfigError(f"report: expected a mapping (metric, figures), got {report!r}")
+  report = _report(data.get("report"), by_name)
   return Sweep(name, path, root, axes, tuple(zip_groups), tuple(seeds), jobs, eval_files,
                eval_bindings, report, sources)
+
+
+FIGURE_KEYS = ("x", "lines", "metric", "value", "x_values", "x_label", "log_x", "title")
+
+
+def _report(report: Any, axes: Mapping[str, Axis]) -> Dict[str, Any]:
+  """The `report:` section: metric (name or pattern) and figures (checked against the axes)."""
+  report = report or {}
+  if not isinstance(report, dict) or set(report) - {"metric", "figures"}:
+    raise ConfigError(f"report: expected a mapping with metric and/or figures, got {report!r}")
+  if "metric" in report and not isinstance(report["metric"], str):
+    raise ConfigError(f"report.metric: expected a metric name or pattern, got "
+                      f"{report['metric']!r}")
+  for i, fig in enumerate(_as_list(report.get("figures"), "report.figures")):
+    where = f"report.figures[{i}]"
+    if not isinstance(fig, dict) or "x" not in fig or set(fig) - set(FIGURE_KEYS):
+      raise ConfigError(f"{where}: expected a mapping with x (an axis) and optionally "
+                        f"{', '.join(FIGURE_KEYS[1:])}, got {fig!r}")
+    for key in ("x", "lines"):
+      name = fig.get(key)
+      if key in fig and name not in axes:
+        raise ConfigError(f"{where}.{key}: {name!r} is not an axis (axes: "
+                          f"{', '.join(axes) or 'none'}){did_you_mean(str(name), axes)}")
+    if fig.get("lines") == fig["x"]:
+      raise ConfigError(f"{where}: x and lines are both {fig['x']!r}")
+    if fig.get("value", "final") not in ("final", "best"):
+      raise ConfigError(f"{where}.value: final or best, got {fig['value']!r}")
+    unknown = set(fig.get("x_values") or {}) - set(axes[fig["x"]].labels)
+    if unknown:
+      raise ConfigError(f"{where}.x_values: {sorted(unknown)} are not labels of axis "
+                        f"{fig['x']!r} ({', '.join(axes[fig['x']].labels)})")
+  return report
 
 
 # --- gin checks (before anything runs) ---------------------------------------------------------
@@ -492,9 +524,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
-                 check_required: Callable[[str], None]) -> None:
+                 check_required: Callable[[str], None], check_eval: bool = False) -> None:
   """Parses each job's gin config as `prompt-jax train` would: unknown macros (did you mean),
   unknown configurables or parameters, missing required macros. Sets each job's train_steps.
+  `check_eval`: also each group's `prompt-jax eval` config (the emitted eval jobs).
 
   `parse_gin(files, bindings, search_paths)` and `check_required(command)` are the CLI's (passed
   in: launch/ sits below cli.py).
@@ -536,6 +569,14 @@ def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
       except Exception as e:  # pylint: disable=broad-except
         raise ConfigError(f"job {job.name}: {_first_line(e)}") from e
       steps_by_group[job.group] = int(steps) if isinstance(steps, int) else None
+      if check_eval:
+        job.train_steps = steps_by_group[job.group]
+        files, bindings = job.eval_config(sweep.eval_gin_files, sweep.eval_bindings)
+        try:
+          parse_gin(files, [f"{k} = {v}" for k, v in bindings], list(job.search_paths))
+          check_required("eval")
+        except Exception as e:  # pylint: disable=broad-except
+          raise ConfigError(f"eval job of {job.name}: {_first_line(e)}") from e
     for job in sweep.jobs:
       job.train_steps = steps_by_group[job.group]
   finally:

@@ -96,7 +96,8 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
     args = _parser().parse_args(rest)
     sweep = spec_lib.build(args.spec, root=args.root, overrides=overrides)
     if args.subcommand != "report" and parse_gin is not None:
-      spec_lib.validate_gin(sweep, parse_gin, check_required or (lambda _: None))
+      spec_lib.validate_gin(sweep, parse_gin, check_required or (lambda _: None),
+                            check_eval=args.subcommand == "emit")
     if args.subcommand == "plan":
       print("\n".join(plan_lines(sweep)), flush=True)
       return 0

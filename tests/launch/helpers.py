@@ -3,7 +3,6 @@ import contextlib
 import io
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence, Tuple

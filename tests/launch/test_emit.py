@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 
 from prompt_jax.launch import emit
 from prompt_jax.launch import spec as spec_lib

@@ -154,3 +154,9 @@ def test_gin_error_in_a_job(tmp_path):
   """A binding gin cannot apply is reported with the job that has it."""
   line = _error(tmp_path, BASE + "axes:\n  prompt_jax.train.stats_perod: [1]\n", "plan")
   assert line.startswith("prompt-jax sweep: error: job prompt_jax.train.stats_perod-1: ")
+
+
+def test_figure_naming_no_axis(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n"
+                "report: {figures: [{x: PROMPT_LENGTH, lines: seeed}]}\n", "plan")
+  assert "report.figures[0].lines: 'seeed' is not an axis" in line
