@@ -85,6 +85,21 @@ def error_line(log: str, start: int, returncode: int) -> str:
   return f"{why}: {lines[-1][:300]}" if lines else why
 
 
+def _check_not_running(job: spec_lib.Job, pid) -> None:
+  """A job whose runner was killed alone (not its process group) may still be training: a second
+  trainer on the same MODEL_DIR would corrupt it."""
+  if not pid:
+    return
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      cmdline = f.read().decode(errors="replace")
+  except OSError:
+    return  # gone (or no /proc: nothing to check against)
+  if job.model_dir in cmdline:
+    raise ConfigError(f"job {job.name} is still running as pid {pid} (its sweep runner died); "
+                      f"wait for it to end or stop it, then run again")
+
+
 def _raise_interrupt(*unused):
   raise KeyboardInterrupt
 
@@ -144,6 +159,7 @@ class _Runner:
       entry.update({"model_dir": job.model_dir, "log": log_path(self.root, job),
                     "command": ["prompt-jax"] + job.train_args(), "group": job.group})
       if entry["state"] == RUNNING:  # its runner died (we hold the lock): resume it
+        _check_not_running(job, entry.get("pid"))
         entry["state"] = PENDING
         self.resumed.append(job.name)
       if entry["state"] == FAILED and retry_failed:

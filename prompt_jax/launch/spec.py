@@ -349,6 +349,8 @@ def build(spec: str, root: Optional[str] = None,
   path = data["__path__"]
   spec_dir = os.path.dirname(path)
   name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
+  if not re.fullmatch(r"[A-Za-z0-9._+-]+", name):
+    raise ConfigError(f"name: {name!r} must be path-safe (letters, digits, . _ + -)")
   root = root or data.get("root") or os.path.join("sweep_runs", name)
   root = str(root)
   if not is_remote(root):
@@ -486,10 +488,11 @@ def _report(report: Any, axes: Mapping[str, Axis]) -> Dict[str, Any]:
       raise ConfigError(f"{where}: x and lines are both {fig['x']!r}")
     if fig.get("value", "final") not in ("final", "best"):
       raise ConfigError(f"{where}.value: final or best, got {fig['value']!r}")
-    unknown = set(fig.get("x_values") or {}) - set(axes[fig["x"]].labels)
-    if unknown:
-      raise ConfigError(f"{where}.x_values: {sorted(unknown)} are not labels of axis "
-                        f"{fig['x']!r} ({', '.join(axes[fig['x']].labels)})")
+    if fig.get("x_values"):
+      fig["x_values"] = {str(k): v for k, v in dict(fig["x_values"]).items()}
+      if set(fig["x_values"]) != set(axes[fig["x"]].labels):
+        raise ConfigError(f"{where}.x_values: give a number for each label of axis {fig['x']!r} "
+                          f"({', '.join(axes[fig['x']].labels)}), got {sorted(fig['x_values'])}")
   return report
 
 

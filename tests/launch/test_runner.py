@@ -85,3 +85,30 @@ def test_one_runner_per_root(fake_sweep):
     with pytest.raises(ConfigError, match="another `prompt-jax sweep run` is running"):
       runner.run(sweep, out=io.StringIO())
   assert not os.path.exists(runner.status_path(sweep.root))
+
+
+def test_job_still_running_from_a_dead_runner_is_not_started_twice(fake_sweep):
+  """The runner was SIGKILLed alone: its job lives on; a new runner must not start a second
+  trainer on the same MODEL_DIR."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  sweep, _ = fake_sweep
+  job = sweep.jobs[0]
+  orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             f"--gin.MODEL_DIR='{job.model_dir}'"])
+  try:
+    os.makedirs(sweep.root)
+    runner.write_status(sweep.root, {"jobs": {job.name: {"state": "running", "attempts": 1,
+                                                         "pid": orphan.pid}}})
+    with pytest.raises(ConfigError, match=f"job {job.name} is still running as pid {orphan.pid}"):
+      runner.run(sweep, out=io.StringIO())
+  finally:
+    orphan.kill()
+    orphan.wait()
+  assert runner.run(sweep, out=io.StringIO()) == 1  # gone: resumed (the fake fails job 1)
+  assert _status(sweep)[job.name]["state"] == "done"
+
+
+def test_run_needs_a_local_root(tmp_path):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  rc, _, err = helpers.sweep_cli(["run", spec, "--root=gs://bucket/sweeps/tiny"])
+  assert rc == 2 and "sweep run needs a local root, got gs://bucket/sweeps/tiny" in err
