@@ -3,6 +3,7 @@
 `gin/` and `tasks/` live at the top of the repository, where users look for them, and are
 mapped into the distribution as `prompt_jax.gin` (data) and `prompt_jax.tasks` (code), so an
 installed (wheel or editable) prompt_jax carries both and no top-level `tasks` module exists.
+The shipped sweep specs `launch/sweeps/*.yaml` go in as `prompt_jax.sweeps` (data) the same way.
 """
 import setuptools
 
@@ -23,6 +24,8 @@ INSTALL_REQUIRES = [
     "clu>=0.0.12",
     "gin-config>=0.5.0",
     "sentencepiece>=0.2.0",
+    "PyYAML>=6.0",        # sweep specs
+    "matplotlib>=3.8",    # sweep report figures
 ]
 
 TEST_REQUIRES = [
@@ -38,14 +41,16 @@ setuptools.setup(
     description="Parameter-efficient prompt tuning of frozen T5 models in JAX/Flax.",
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["prompt_jax", "prompt_jax.*"])
-    + ["prompt_jax.tasks", "prompt_jax.gin"],
+    + ["prompt_jax.tasks", "prompt_jax.gin", "prompt_jax.sweeps"],
     package_dir={
         "prompt_jax": "prompt_jax",
         "prompt_jax.tasks": "tasks",
         "prompt_jax.gin": "gin",
+        "prompt_jax.sweeps": "launch/sweeps",
     },
     package_data={
         "prompt_jax.gin": ["*.gin", "**/*.gin"],
+        "prompt_jax.sweeps": ["*.yaml"],
         # The embedded default's tiny pretrained T5 (t5x legacy layout, ~1.6 MB): the msgpack
         # `checkpoint` file and one zarr dir (`.zarray` + chunk files) per large array.
         "prompt_jax": ["embedded/checkpoint/*/checkpoint", "embedded/checkpoint/*/*/.zarray",

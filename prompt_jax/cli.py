@@ -1,4 +1,4 @@
-"""`prompt-jax`: train | eval | infer | describe | tasks | bench, with t5x's flags.
+"""`prompt-jax`: train | eval | infer | describe | tasks | bench | sweep, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
@@ -24,7 +24,7 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-COMMANDS = ("train", "eval", "infer", "describe", "tasks", "bench")
+COMMANDS = ("train", "eval", "infer", "describe", "tasks", "bench", "sweep")
 # Macros each command needs bound (t5x names).
 REQUIRED_MACROS = {
     "train": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
@@ -267,6 +267,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
     from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
     return tasks_inspect.main(rest)
+  if command == "sweep":  # design-decision sweeps (prompt_jax/launch); jobs' gin checked here
+    from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
+    return sweep.main(rest, parse_gin=parse_gin, check_required=check_required)
   try:
     rest, dot_bindings = split_gin_dot_flags(rest)
     args = _parser(command).parse_args(rest)

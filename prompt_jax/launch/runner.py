@@ -1,0 +1,281 @@
+"""`prompt-jax sweep run`: the jobs of a sweep as `prompt-jax train` subprocesses on this machine.
+
+Each job runs the exact command `sweep plan` prints (`prompt-jax` as found on PATH, else this
+interpreter's `python -m prompt_jax`), its output appended to <root>/logs/<job>.log, so one job's
+crash never stops the others. <root>/sweep_status.json records every job's state (pending,
+running, done, failed + the error line), rewritten atomically after each change. Re-running the
+same command skips done jobs, resumes interrupted ones (the trainer restarts from
+MODEL_DIR/checkpoints) and leaves failed ones alone unless --retry_failed. A lock file stops two
+runners from sharing a root.
+"""
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, TextIO
+
+from prompt_jax.errors import ConfigError
+from prompt_jax.launch import spec as spec_lib
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+STATUS_FILE = "sweep_status.json"
+LOCK_FILE = ".sweep.lock"
+POLL_SECONDS = 0.5
+
+
+def status_path(root: str) -> str:
+  return os.path.join(root, STATUS_FILE)
+
+
+def log_path(root: str, job: spec_lib.Job) -> str:
+  return os.path.join(root, "logs", job.name + ".log")
+
+
+def prompt_jax_command() -> List[str]:
+  exe = shutil.which("prompt-jax")
+  return [exe] if exe else [sys.executable, "-m", "prompt_jax"]
+
+
+def read_status(root: str) -> Dict:
+  try:
+    with open(status_path(root)) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return {"jobs": {}}
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{status_path(root)} is not valid JSON ({e}); move it away to start the "
+                      f"sweep's bookkeeping afresh (finished runs resume from their MODEL_DIRs)")
+
+
+def write_status(root: str, status: Dict) -> None:
+  """Atomic: a temporary file renamed over the old one."""
+  tmp = status_path(root) + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(status, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, status_path(root))
+
+
+def error_line(log: str, start: int, returncode: int) -> str:
+  """The line that says why a job failed: the CLI's `error:` line, else an exception, else the
+  last line of its output."""
+  try:
+    with open(log, errors="replace") as f:
+      f.seek(start)
+      lines = [l.rstrip() for l in f.read().splitlines() if l.strip()]
+  except OSError:
+    lines = []
+  if returncode < 0:
+    try:
+      why = f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+      why = f"killed by signal {-returncode}"
+  else:
+    why = f"exit status {returncode}"
+  for pattern in (r"^prompt-jax \w+: error: ", r"^\w*(Error|Exception)\b"):
+    hits = [l for l in lines if re.match(pattern, l)]
+    if hits:
+      return f"{why}: {hits[-1][:300]}"
+  return f"{why}: {lines[-1][:300]}" if lines else why
+
+
+def _check_not_running(job: spec_lib.Job, pid) -> None:
+  """A job whose runner was killed alone (not its process group) may still be training: a second
+  trainer on the same MODEL_DIR would corrupt it."""
+  if not pid:
+    return
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      cmdline = f.read().decode(errors="replace")
+  except OSError:
+    return  # gone (or no /proc: nothing to check against)
+  if job.model_dir in cmdline:
+    raise ConfigError(f"job {job.name} is still running as pid {pid} (its sweep runner died); "
+                      f"wait for it to end or stop it, then run again")
+
+
+def _raise_interrupt(*unused):
+  raise KeyboardInterrupt
+
+
+def _hms(seconds: float) -> str:
+  return time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0)))
+
+
+class _Lock:
+  def __init__(self, root: str):
+    self.path = os.path.join(root, LOCK_FILE)
+    self.file = None
+
+  def __enter__(self):
+    self.file = open(self.path, "w")
+    try:
+      fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+      self.file.close()
+      raise ConfigError(f"another `prompt-jax sweep run` is running on this root (it holds "
+                        f"{self.path}); wait for it or stop it") from e
+    self.file.write(str(os.getpid()))
+    self.file.flush()
+    return self
+
+  def __exit__(self, *exc):
+    fcntl.flock(self.file, fcntl.LOCK_UN)
+    self.file.close()
+
+
+def run(sweep: spec_lib.Sweep, parallel: int = 1, retry_failed: bool = False,
+        out: TextIO = sys.stdout) -> int:
+  """Runs the sweep's pending jobs, `parallel` at a time; 0 if every job is done, else 1."""
+  if not sweep.local:
+    raise ConfigError(f"sweep run needs a local root, got {sweep.root}: use `prompt-jax sweep "
+                      f"emit --target=tpu-vm|slurm` for remote storage")
+  if parallel < 1:
+    raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+  root = sweep.root
+  os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+  with _Lock(root):
+    return _Runner(sweep, parallel, retry_failed, out).run()
+
+
+class _Runner:
+  """A poll loop over at most `parallel` child processes (no threads)."""
+
+  def __init__(self, sweep: spec_lib.Sweep, parallel: int, retry_failed: bool, out: TextIO):
+    self.sweep, self.parallel, self.out = sweep, parallel, out
+    self.root = sweep.root
+    self.status = read_status(self.root)
+    self.status.update({"sweep": sweep.name, "spec": sweep.path, "root": self.root})
+    entries = self.status.setdefault("jobs", {})
+    self.resumed: List[str] = []
+    for job in sweep.jobs:
+      entry = entries.setdefault(job.name, {"state": PENDING, "attempts": 0})
+      entry.update({"model_dir": job.model_dir, "log": log_path(self.root, job),
+                    "command": ["prompt-jax"] + job.train_args(), "group": job.group})
+      if entry["state"] == RUNNING:  # its runner died (we hold the lock): resume it
+        _check_not_running(job, entry.get("pid"))
+        entry["state"] = PENDING
+        self.resumed.append(job.name)
+      if entry["state"] == FAILED and retry_failed:
+        entry["state"] = PENDING
+    self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
+    self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
+    self.durations: List[float] = []
+    self.interrupted = False
+
+  def _entry(self, job: spec_lib.Job) -> Dict:
+    return self.status["jobs"][job.name]
+
+  def _counts(self) -> Dict[str, int]:
+    counts = {PENDING: 0, RUNNING: 0, DONE: 0, FAILED: 0}
+    for job in self.sweep.jobs:
+      counts[self._entry(job)["state"]] += 1
+    return counts
+
+  def _print(self, line: str) -> None:
+    print(line, file=self.out, flush=True)
+
+  def _eta(self) -> str:
+    if not self.durations:
+      return "?"
+    left = len(self.queue) + len(self.running)
+    return _hms(sum(self.durations) / len(self.durations) * left / self.parallel)
+
+  def _start(self, job: spec_lib.Job) -> None:
+    entry = self._entry(job)
+    log = log_path(self.root, job)
+    argv = prompt_jax_command() + job.train_args()
+    f = open(log, "a")
+    entry["attempts"] = entry.get("attempts", 0) + 1
+    f.write(f"=== sweep {self.sweep.name}: attempt {entry['attempts']} at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    start = f.tell()
+    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    entry.update({"state": RUNNING, "started": time.time(), "pid": proc.pid, "error": None})
+    write_status(self.root, self.status)
+    self.running[job.name] = (job, proc, f, start, time.time())
+    n = self.sweep.jobs.index(job) + 1
+    note = " (resuming)" if job.name in self.resumed else ""
+    self._print(f"[{n}/{len(self.sweep.jobs)}] start {job.name}{note}  log: {log}")
+
+  def _finish(self, name: str, returncode: int) -> None:
+    job, _, f, start, t0 = self.running.pop(name)
+    f.close()
+    entry = self._entry(job)
+    seconds = time.time() - t0
+    entry.update({"finished": time.time(), "seconds": round(seconds, 1), "pid": None,
+                  "returncode": returncode})
+    if returncode == 0:
+      entry["state"] = DONE
+      self.durations.append(seconds)
+    else:
+      entry["state"] = FAILED
+      entry["error"] = error_line(f.name, start, returncode)
+    write_status(self.root, self.status)
+    c = self._counts()
+    verb = "done  " if returncode == 0 else "FAILED"
+    self._print(f"[{self.sweep.jobs.index(job) + 1}/{len(self.sweep.jobs)}] {verb} {job.name} "
+                f"in {_hms(seconds)}" + ("" if returncode == 0 else f": {entry['error']}")
+                + f" | {c[DONE]} done, {c[FAILED]} failed, {len(self.queue) + len(self.running)}"
+                f" left, ETA {self._eta()}")
+
+  def _stop_children(self, sig: int) -> None:
+    for _, proc, _, _, _ in self.running.values():
+      if proc.poll() is None:
+        proc.send_signal(sig)
+    deadline = time.time() + 30
+    for _, proc, _, _, _ in self.running.values():
+      try:
+        proc.wait(timeout=max(deadline - time.time(), 0.1))
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+  def run(self) -> int:
+    c = self._counts()
+    self._print(f"sweep {self.sweep.name}: {len(self.sweep.jobs)} jobs ({self.sweep.shape()}), "
+                f"{c[DONE]} done, {c[FAILED]} failed, {len(self.queue)} to run, "
+                f"{self.parallel} at a time; MODEL_DIRs under {self.root}")
+    write_status(self.root, self.status)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM: stop as on Ctrl-C
+    t0 = time.time()
+    try:
+      while self.queue or self.running:
+        while self.queue and len(self.running) < self.parallel:
+          self._start(self.queue.pop(0))
+        time.sleep(POLL_SECONDS)
+        for name, (_, proc, _, _, _) in list(self.running.items()):
+          if proc.poll() is not None:
+            self._finish(name, proc.returncode)
+    except KeyboardInterrupt:
+      self.interrupted = True
+      self._stop_children(signal.SIGINT)
+      for job, _, f, _, _ in self.running.values():
+        f.close()
+        self._entry(job).update({"state": PENDING, "pid": None, "error": "interrupted"})
+      self.running.clear()
+      write_status(self.root, self.status)
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+    c = self._counts()
+    where = (f"status: {status_path(self.root)}; report: prompt-jax sweep report "
+             f"{self.sweep.path}")
+    if self.interrupted:
+      self._print(f"sweep {self.sweep.name}: interrupted after {_hms(time.time() - t0)} "
+                  f"({c[DONE]} done, {c[FAILED]} failed, {c[PENDING]} pending); run the same "
+                  f"command to resume. {where}")
+      return 130
+    failed = [j.name for j in self.sweep.jobs if self._entry(j)["state"] == FAILED]
+    if failed:
+      self._print(f"failed: {', '.join(failed)} (see their logs under {self.root}/logs; "
+                  f"--retry_failed reruns them)")
+    self._print(f"sweep {self.sweep.name}: {c[DONE]}/{len(self.sweep.jobs)} done, {c[FAILED]} "
+                f"failed in {_hms(time.time() - t0)}. {where}")
+    return 0 if c[DONE] == len(self.sweep.jobs) else 1

@@ -1,0 +1,134 @@
+"""`prompt-jax sweep plan|run|emit|report SPEC`: design-decision sweeps from one YAML spec.
+
+  prompt-jax sweep plan   SPEC            the jobs, their MODEL_DIRs and exact train commands
+  prompt-jax sweep run    SPEC [--parallel=N] [--retry_failed]
+                                          run them here; re-run to resume (status file)
+  prompt-jax sweep emit   SPEC --target=tpu-vm|slurm|local-script [target options]
+  prompt-jax sweep report SPEC [--metric=PATTERN]
+                                          report.csv, report.md, PNG figures (Figure 3 style)
+
+SPEC is a YAML file (format: prompt_jax/launch/spec.py, README "Sweeps") or the name of a
+shipped spec in launch/sweeps/ (e.g. lester_fig3a_prompt_length). Every subcommand takes --root
+(where the MODEL_DIRs go; default: the spec's `root`) and --gin.NAME=VALUE overrides applied to
+every job. A bad spec is one line `prompt-jax sweep: error: ...` (exit 2) before anything runs.
+"""
+import argparse
+import os
+import sys
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from prompt_jax.errors import ConfigError
+from prompt_jax.launch import spec as spec_lib
+
+SUBCOMMANDS = ("plan", "run", "emit", "report")
+EXIT_CONFIG_ERROR = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="prompt-jax sweep", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("subcommand", choices=SUBCOMMANDS)
+  p.add_argument("spec", help="a sweep spec (.yaml) or the name of a shipped one")
+  p.add_argument("--root", default=None, help="sweep root: job MODEL_DIR = ROOT/<job name>")
+  p.add_argument("--parallel", type=int, default=1, help="run: jobs at a time")
+  p.add_argument("--retry_failed", action="store_true", help="run: rerun failed jobs")
+  p.add_argument("--target", default=None, help="emit: tpu-vm | slurm | local-script")
+  p.add_argument("--out", default=None,
+                 help="emit/report: output dir (default ROOT/launch, ROOT/report)")
+  p.add_argument("--setup", default="", help="emit: shell command run before the jobs "
+                 "(e.g. '. ~/prompt_jax/.venv/bin/activate')")
+  p.add_argument("--tpu_name", default="my-tpu", help="emit tpu-vm: TPU VM name ($TPU_NAME)")
+  p.add_argument("--zone", default="us-central2-b", help="emit tpu-vm: zone ($ZONE)")
+  p.add_argument("--project", default="", help="emit tpu-vm: GCP project ($PROJECT)")
+  p.add_argument("--nodes", type=int, default=1, help="emit slurm: nodes per job")
+  p.add_argument("--gpus_per_node", type=int, default=8, help="emit slurm: GPUs per node")
+  p.add_argument("--process_per", default="node", choices=("node", "gpu"),
+                 help="emit slurm: one process per node (drives all its GPUs) or per GPU")
+  p.add_argument("--platform", default="gpu", choices=("gpu", "cpu"),
+                 help="emit slurm: cpu drops --gpus-per-node and --multiprocess_gpu")
+  p.add_argument("--partition", default="", help="emit slurm: partition")
+  p.add_argument("--time", default="", help="emit slurm: time limit per job (HH:MM:SS)")
+  p.add_argument("--max_parallel", type=int, default=0, help="emit slurm: array tasks at once")
+  p.add_argument("--metric", default=None,
+                 help="report: metric name or pattern (default: the spec's report.metric, "
+                      "else inference_eval/*/accuracy)")
+  return p
+
+
+def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
+  """`--gin.NAME=VALUE` flags -> (rest, [(NAME, VALUE)])."""
+  rest, overrides = [], []
+  for arg in argv:
+    if arg.startswith("--gin.") and "=" in arg:
+      name, value = arg[len("--gin."):].split("=", 1)
+      overrides.append((name, value))
+    elif arg.startswith("--gin."):
+      raise ConfigError(f"{arg} needs a value: --gin.NAME=VALUE")
+    else:
+      rest.append(arg)
+  return rest, overrides
+
+
+def plan_lines(sweep: spec_lib.Sweep) -> List[str]:
+  from prompt_jax.launch import emit  # pylint: disable=g-import-not-at-top
+  from prompt_jax.launch import runner  # pylint: disable=g-import-not-at-top
+  status = runner.read_status(sweep.root).get("jobs", {}) if sweep.local else {}
+  lines = [f"sweep {sweep.name}: {len(sweep.jobs)} jobs ({sweep.shape()}) under {sweep.root}"]
+  for i, job in enumerate(sweep.jobs, 1):
+    state = status.get(job.name, {}).get("state")
+    lines.append(f"# [{i}/{len(sweep.jobs)}] {job.name}" + (f"  ({state})" if state else ""))
+    lines.append("prompt-jax " + emit.command_line(job.train_args()))
+  n_eval = sum(len(emit.group_eval_commands(sweep, g)) for g in sweep.groups().values())
+  lines.append(f"{len(sweep.jobs)} train jobs in {len(sweep.groups())} groups (+{n_eval} eval "
+               f"jobs in `sweep emit` scripts); run them: prompt-jax sweep run {sweep.path}")
+  return lines
+
+
+def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
+         check_required: Optional[Callable[[str], None]] = None) -> int:
+  """`parse_gin` / `check_required`: the CLI's gin parsing (validates each job's config)."""
+  argv = list(argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__)
+    return 0 if argv else EXIT_CONFIG_ERROR
+  try:
+    rest, overrides = split_overrides(argv)
+    args = _parser().parse_args(rest)
+    sweep = spec_lib.build(args.spec, root=args.root, overrides=overrides)
+    if args.subcommand != "report" and parse_gin is not None:
+      spec_lib.validate_gin(sweep, parse_gin, check_required or (lambda _: None),
+                            check_eval=args.subcommand == "emit")
+    if args.subcommand == "plan":
+      print("\n".join(plan_lines(sweep)), flush=True)
+      return 0
+    if args.subcommand == "run":
+      from prompt_jax.launch import runner  # pylint: disable=g-import-not-at-top
+      return runner.run(sweep, parallel=args.parallel, retry_failed=args.retry_failed)
+    if args.subcommand == "emit":
+      from prompt_jax.launch import emit  # pylint: disable=g-import-not-at-top
+      if not args.target:
+        raise ConfigError(f"emit needs --target ({', '.join(emit.TARGETS)})")
+      opts = emit.Options(out_dir=args.out, setup=args.setup, tpu_name=args.tpu_name,
+                          zone=args.zone, project=args.project, nodes=args.nodes,
+                          gpus_per_node=args.gpus_per_node, process_per=args.process_per,
+                          platform=args.platform, partition=args.partition, time=args.time,
+                          max_parallel=args.max_parallel)
+      written = emit.emit(sweep, args.target, opts)
+      for path in written:
+        print(f"wrote {path}")
+      hint = {"slurm": f"submit: {os.path.join(os.path.dirname(written[0]), 'submit.sh')}",
+              "tpu-vm": f"run: TPU_NAME=... ZONE=... {written[0]}",
+              "local-script": f"run: {written[0]}"}[args.target]
+      print(f"sweep {sweep.name}: {len(sweep.jobs)} jobs for {args.target}; {hint}", flush=True)
+      return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from prompt_jax.launch import report  # pylint: disable=g-import-not-at-top
+    out = report.write(sweep, out_dir=args.out, metric=args.metric)
+    done = sum(1 for r in out["rows"] if r["final"] != "")
+    print(f"sweep {sweep.name}: {done}/{len(sweep.jobs)} jobs with metrics; "
+          f"{len(out['figures'])} figures; report: {out['md']} (and report.csv, *.png in "
+          f"{out['out_dir']})", flush=True)
+    return 0
+  except ConfigError as e:
+    print(f"prompt-jax sweep: error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR

@@ -1,0 +1,213 @@
+"""Acceptance 2: the emitted TPU-VM, SLURM and local scripts pass `bash -n`, carry every job's gin
+flags and the multi-host flags (read back by running them against fake gcloud / srun / scontrol /
+prompt-jax), and the SLURM script, run under a fake `srun` with 2 local processes, trains what a
+plain single-process run trains."""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+
+from prompt_jax.launch import emit
+from prompt_jax.launch import spec as spec_lib
+from tests.launch import helpers
+from tests.train import common
+
+# Records its argv (JSON, one line per call) and fails for commands naming $FAKE_FAIL.
+RECORDER = f"""#!{sys.executable}
+import json, os, sys
+with open(os.environ["FAKE_RECORD"], "a") as f:
+  f.write(json.dumps(sys.argv[1:]) + "\\n")
+fail = os.environ.get("FAKE_FAIL")
+sys.exit(1 if fail and any(fail in a for a in sys.argv) else 0)
+"""
+
+# srun on one machine: the command once per task of the allocation (SLURM_NTASKS), each with its
+# SLURM_PROCID / SLURM_LOCALID; the worst exit status.
+FAKE_SRUN = f"""#!{sys.executable}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+options = []
+while args and args[0].startswith("-"):
+  options.append(args.pop(0))
+n = int(os.environ["SLURM_NTASKS"])
+procs = [subprocess.Popen(args, env={{**os.environ, "SLURM_PROCID": str(i),
+                                      "SLURM_LOCALID": str(i), "SLURM_NODEID": "0"}})
+         for i in range(n)]
+codes = [p.wait() for p in procs]
+with open(os.environ["FAKE_RECORD"], "a") as f:
+  f.write(json.dumps({{"options": options, "command": args[:2], "codes": codes}}) + "\\n")
+sys.exit(max(codes, key=abs))
+"""
+
+FAKE_SCONTROL = """#!/bin/sh
+# The allocation's node names; the first is this machine.
+if [ "$1 $2" = "show hostnames" ]; then echo 127.0.0.1; echo fakenode2; exit 0; fi
+exit 1
+"""
+
+
+def _bash_n(path):
+  proc = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr
+
+
+def _emit(tmp_path, spec_text, *argv):
+  spec = helpers.write_spec(tmp_path, spec_text)
+  out = str(tmp_path / "launch")
+  root = argv[0] if argv and not argv[0].startswith("--") else str(tmp_path / "root")
+  argv = [a for a in argv if a != root]
+  rc, stdout, err = helpers.sweep_cli(["emit", spec, f"--root={root}", f"--out={out}", *argv])
+  assert rc == 0, err
+  sweep = spec_lib.build(spec, root=root)
+  spec_lib.validate_gin(sweep, *_gin_fns())
+  return sweep, out, stdout
+
+
+def _gin_fns():
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  return cli.parse_gin, cli.check_required
+
+
+def _records(path):
+  with open(path) as f:
+    return [json.loads(l) for l in f]
+
+
+def _run_script(args, env, timeout=420):
+  proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True)
+  try:
+    out = proc.communicate(timeout=timeout)[0]
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+  return proc.returncode, out
+
+
+def test_tpu_vm_script(tmp_path):
+  sweep, out, stdout = _emit(tmp_path, helpers.TINY_SPEC, "gs://bucket/sweeps/tiny",
+                             "--target=tpu-vm", "--tpu_name=pod-1", "--zone=europe-west4-a")
+  script = os.path.join(out, "tpu_vm.sh")
+  assert f"run: TPU_NAME=... ZONE=... {script}" in stdout.strip().splitlines()[-1]
+  _bash_n(script)
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  helpers.write_executable(fakes, "gcloud", RECORDER)
+  record = str(tmp_path / "gcloud.jsonl")
+  setup = "cd ~/prompt_jax && . .venv/bin/activate"
+  failing = sweep.jobs[1].name
+  rc, output = _run_script(["bash", script], helpers.job_env(
+      {"FAKE_RECORD": record, "FAKE_FAIL": f"/{failing}'", "SETUP": setup, "PROJECT": "proj"},
+      [str(fakes)]))
+  # A failing job is reported at the end; the others still run.
+  assert rc == 1 and output.strip().splitlines()[-1] == f"failed: {failing}"
+  calls = _records(record)
+  expected = [job.train_args() for job in sweep.jobs] + [
+      args for jobs in sweep.groups().values() for args in emit.group_eval_commands(sweep, jobs)]
+  assert len(calls) == len(expected) == 16
+  for call, args in zip(calls, expected):
+    assert call[:5] == ["compute", "tpus", "tpu-vm", "ssh", "pod-1"]
+    assert {"--zone=europe-west4-a", "--project=proj", "--worker=all"} <= set(call)
+    command = [a for a in call if a.startswith("--command=")]
+    assert len(command) == 1
+    remote = command[0][len("--command="):]
+    assert remote.startswith(setup + " && ")
+    # The remote shell's words: exactly the job's command, with its gin flags; no coordinator
+    # flags (the TPU runtime tells each worker's JAX about the slice).
+    words = shlex.split(remote[len(setup) + 4:])
+    assert words == ["prompt-jax", *args]
+    assert not any(w.startswith(("--coordinator_address", "--process_", "--multiprocess_gpu"))
+                   for w in words)
+  assert all("gs://bucket/sweeps/tiny/" in " ".join(c) for c in calls)
+
+
+def test_local_script(tmp_path):
+  sweep, out, _ = _emit(tmp_path, helpers.TINY_SPEC, "--target=local-script")
+  script = os.path.join(out, "local.sh")
+  _bash_n(script)
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  helpers.write_executable(fakes, "prompt-jax", RECORDER)
+  record = str(tmp_path / "calls.jsonl")
+  rc, output = _run_script(["bash", script], helpers.job_env({"FAKE_RECORD": record},
+                                                             [str(fakes)]))
+  assert rc == 0, output
+  assert _records(record) == [j.train_args() for j in sweep.jobs] + [
+      args for jobs in sweep.groups().values() for args in emit.group_eval_commands(sweep, jobs)]
+
+
+def _arms(script_text):
+  """case arm -> the argvs of its `launch` lines."""
+  arms, current = {}, None
+  for line in script_text.splitlines():
+    stripped = line.strip()
+    if stripped[:1].isdigit() and stripped.split(")")[0].isdigit():
+      current = int(stripped.split(")")[0])
+      arms[current] = []
+    elif stripped.startswith("launch ") and current is not None:
+      arms[current].append(shlex.split(stripped[len("launch "):].rsplit(" || ", 1)[0]))
+  return arms
+
+
+def test_slurm_scripts_gpu(tmp_path):
+  sweep, out, stdout = _emit(tmp_path, helpers.TINY_SPEC, "--target=slurm", "--nodes=2",
+                             "--process_per=gpu", "--gpus_per_node=4", "--max_parallel=3",
+                             "--partition=a100", "--time=04:00:00")
+  assert os.path.join(out, "submit.sh") in stdout.strip().splitlines()[-1]
+  for name in ("train.sbatch", "eval.sbatch", "submit.sh"):
+    _bash_n(os.path.join(out, name))
+  with open(os.path.join(out, "train.sbatch")) as f:
+    train = f.read()
+  for directive in ("--array=0-7%3", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4",
+                    "--partition=a100", "--time=04:00:00", "--requeue"):
+    assert f"#SBATCH {directive}\n" in train
+  assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in train
+  for flag in ("--multiprocess_gpu", '--coordinator_address="$COORDINATOR_ADDRESS"',
+               '--process_count="$SLURM_NTASKS"', '--process_index="$SLURM_PROCID"',
+               "CUDA_VISIBLE_DEVICES=$SLURM_LOCALID"):
+    assert flag in train
+  assert _arms(train) == {i: [job.train_args()] for i, job in enumerate(sweep.jobs)}
+  with open(os.path.join(out, "eval.sbatch")) as f:
+    evals = f.read()
+  assert "#SBATCH --array=0-3%3\n" in evals
+  groups = list(sweep.groups().values())
+  assert _arms(evals) == {i: emit.group_eval_commands(sweep, jobs)
+                          for i, jobs in enumerate(groups)}
+  assert all(a[0] == "eval" and any(x.startswith("--gin.CHECKPOINT_PATH=") and x.endswith(
+      "/checkpoints/4'") for x in a) for arm in _arms(evals).values() for a in arm)
+
+
+def test_slurm_script_under_fake_srun_matches_a_plain_run(tmp_path):
+  """train.sbatch's array task 0 under a fake srun: 2 processes x 2 CPU devices on 127.0.0.1 vs
+  the job's command as 1 process x 4 devices."""
+  sweep, out, _ = _emit(tmp_path, helpers.MULTIHOST_SPEC, "--target=slurm", "--platform=cpu")
+  (job,) = sweep.jobs
+  script = os.path.join(out, "train.sbatch")
+  _bash_n(script)
+  with open(script) as f:
+    text = f.read()
+  assert "--multiprocess_gpu" not in text and "--gpus-per-node" not in text
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  helpers.write_executable(fakes, "srun", FAKE_SRUN)
+  helpers.write_executable(fakes, "scontrol", FAKE_SCONTROL)
+  record = str(tmp_path / "srun.jsonl")
+  port = helpers.free_port(20000, 40000)  # the script's port is 20000 + SLURM_JOB_ID % 20000
+  env = helpers.job_env({
+      "FAKE_RECORD": record, "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_ID": str(port - 20000),
+      "SLURM_JOB_NODELIST": "fakenode[1-2]", "SLURM_NTASKS": "2",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, [str(fakes)])
+  rc, output = _run_script(["bash", script], env)
+  assert rc == 0, output[-4000:]
+  assert f"prompt-jax train on 2 processes, coordinator 127.0.0.1:{port}" in output
+  assert "training steps 0 -> 3" in output
+  (call,) = _records(record)
+  assert call["codes"] == [0, 0] and call["command"] == ["bash", "-c"]
+  single = str(tmp_path / "single")
+  proc = common.cli_subprocess(helpers.replace_model_dir(job.train_args(), single), devices=4)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  helpers.assert_multihost_prompt_matches(job.model_dir, single, step=3)

@@ -1,0 +1,162 @@
+"""Sweep specs: expansion into jobs, the plan's commands, and bad inputs (one line, exit 2,
+before anything runs)."""
+import os
+import shlex
+
+import pytest
+
+from prompt_jax.launch import spec as spec_lib
+from tests.launch import helpers
+
+
+def test_plan_lists_every_job_with_its_exact_train_command(tmp_path):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  root = str(tmp_path / "root")
+  rc, out, err = helpers.sweep_cli(["plan", spec, f"--root={root}"])
+  assert rc == 0, err
+  commands = [l for l in out.splitlines() if l.startswith("prompt-jax train ")]
+  assert len(commands) == 8
+  names = set()
+  for line in commands:
+    argv = shlex.split(line)  # the printed line is a valid shell command
+    model_dirs = [a for a in argv if a.startswith("--gin.MODEL_DIR=")]
+    assert len(model_dirs) == 1
+    model_dir = model_dirs[0].split("=", 1)[1].strip("'")
+    assert os.path.dirname(model_dir) == root
+    names.add(os.path.basename(model_dir))
+    # Every job: the base file, one init file, the base bindings, one length, one seed.
+    assert argv[2] == "--gin_file=runs/embedded_default.gin"
+    assert argv[3] in ("--gin_file=prompts/uniform.gin", "--gin_file=prompts/from_class_labels.gin")
+    assert "--gin.TRAIN_STEPS=4" in argv and "--gin.CLASS_LABELS=['a', 'b', 'c', 'd']" in argv
+    assert sum(a.startswith("--gin.PROMPT_LENGTH=") for a in argv) == 1
+    assert sum(a.startswith("--gin.RANDOM_SEED=") for a in argv) == 1
+  assert names == {f"PROMPT_LENGTH-{n}__init-{i}__seed-{s}" for n in (4, 8)
+                   for i in ("uniform", "from_class_labels") for s in (0, 1)}
+  assert not os.path.exists(root)  # plan writes nothing
+
+
+def test_zip_templates_and_overrides(tmp_path):
+  """Zipped axes advance together; ${axis} fills a value; --gin.X reaches every job."""
+  spec = helpers.write_spec(tmp_path, """\
+      gin_files: [runs/embedded_default.gin]
+      bindings: {TRAIN_STEPS: 2, MIXTURE_OR_TASK_NAME: "'embedded_last_letter'"}
+      axes:
+        size: {s: {PROMPT_LENGTH: 4}, m: {PROMPT_LENGTH: 8}}
+        DPT_RANK: [1, 2]
+        extra: {gin_file: [prompts/dpt.gin, prompts/residual.gin]}
+        EMBEDDING_FILE: ["'/data/${size}.npy'", "'/data/${size}_b.npy'"]
+      zip: [[size, DPT_RANK]]
+      seeds: [3]
+      """)
+  sweep = spec_lib.build(spec, root=str(tmp_path / "r"), overrides=[("BATCH_SIZE", "16")])
+  got = [(j.values["size"], j.values["DPT_RANK"], dict(j.bindings)["EMBEDDING_FILE"])
+         for j in sweep.jobs if j.values["extra"] == "dpt"]
+  assert len(sweep.jobs) == 2 * 2 * 2  # 2 (zipped) x 2 extra x 2 EMBEDDING_FILE x 1 seed
+  assert ("s", "1", "'/data/s.npy'") in got and ("m", "2", "'/data/m_b.npy'") in got
+  assert all(j.values["DPT_RANK"] == {"s": "1", "m": "2"}[j.values["size"]] for j in sweep.jobs)
+  assert all(("BATCH_SIZE", "16") in j.bindings for j in sweep.jobs)
+  assert all(dict(j.bindings)["RANDOM_SEED"] == "3" for j in sweep.jobs)
+
+
+@pytest.mark.parametrize("spec", ["lester_fig3a_prompt_length", "lester_fig3b_prompt_init",
+                                  "lester_fig3c_pretraining", "dpt_bottleneck"])
+def test_shipped_specs_plan(spec, tmp_path):
+  """The shipped specs are found by name and every job's gin config parses with all required
+  macros bound."""
+  rc, out, err = helpers.sweep_cli(["plan", spec, f"--root={tmp_path}/r"])
+  assert rc == 0, err
+  sweep = spec_lib.build(spec, root=f"{tmp_path}/r")
+  assert out.count("\nprompt-jax train ") == len(sweep.jobs) >= 45
+  assert len(sweep.seeds) == 3
+
+
+def _error(tmp_path, text, *argv):
+  spec = helpers.write_spec(tmp_path, text)
+  root = tmp_path / "root"
+  rc, out, err = helpers.sweep_cli([*argv, spec, f"--root={root}"])
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert rc == 2, (out, err)
+  assert len(lines) == 1 and lines[0].startswith("prompt-jax sweep: error: "), err
+  assert not root.exists()  # nothing ran, nothing was written
+  return lines[0]
+
+
+BASE = """\
+gin_files: [runs/embedded_default.gin]
+bindings: {TRAIN_STEPS: 2}
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_unknown_gin_file_in_axis(tmp_path, command):
+  line = _error(tmp_path, BASE + "axes:\n  init: {gin_file: [prompts/unifrom.gin]}\n", command)
+  assert "gin file 'prompts/unifrom.gin' not found" in line
+  assert "did you mean prompts/uniform.gin?" in line
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_unknown_macro_in_axis(tmp_path, command):
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGHT: [4, 8]\n", command)
+  assert "axis 'PROMPT_LENGHT': unknown gin macro PROMPT_LENGHT" in line
+  assert "did you mean PROMPT_LENGTH?" in line
+
+
+def test_unknown_macro_in_bindings(tmp_path):
+  line = _error(tmp_path, BASE.replace("TRAIN_STEPS", "TRAIN_STEP"), "plan")
+  assert "unknown gin macro TRAIN_STEP" in line and "did you mean TRAIN_STEPS?" in line
+
+
+def test_axis_macro_unused_by_its_jobs(tmp_path):
+  """DPT_RANK is bound by prompts/dpt.gin only: sweeping it without that file changes nothing."""
+  line = _error(tmp_path, BASE + "axes:\n  DPT_RANK: [4, 8]\n", "plan")
+  assert "axis 'DPT_RANK': unknown gin macro DPT_RANK" in line
+
+
+def test_empty_axis(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: []\n", "plan")
+  assert "axis 'PROMPT_LENGTH' is empty" in line
+
+
+def test_empty_gin_file_axis(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  init: {gin_file: []}\n", "plan")
+  assert "axis 'init' is empty" in line
+
+
+def test_zip_axes_of_different_lengths(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\n  DROPOUT_RATE: [0.0]\n"
+                "zip: [[PROMPT_LENGTH, DROPOUT_RATE]]\n", "run")
+  assert "zip: axes of different lengths (PROMPT_LENGTH has 2, DROPOUT_RATE has 1)" in line
+
+
+def test_two_jobs_sharing_a_model_dir(tmp_path):
+  # 4 and "4" are different gin values with the same label.
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, '4']\n", "run")
+  assert "two jobs share MODEL_DIR" in line and "PROMPT_LENGTH-4" in line
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("axes: [unclosed\n", "does not parse (line 2"),
+    ("axes:\n  a: 1\n\tb: 2\n", "does not parse (line 3"),
+    ("- just\n- a list\n", "does not parse: expected a mapping"),
+    (BASE + "axis: {PROMPT_LENGTH: [4]}\n", "unknown key 'axis'"),
+])
+def test_spec_that_does_not_parse(tmp_path, text, expected):
+  assert expected in _error(tmp_path, text, "plan")
+
+
+def test_unknown_spec_name(tmp_path):
+  rc, _, err = helpers.sweep_cli(["plan", "lester_fig3a_prompt_lenght"])
+  assert rc == 2 and len(err.strip().splitlines()) == 1
+  assert "did you mean lester_fig3a_prompt_length?" in err
+
+
+def test_gin_error_in_a_job(tmp_path):
+  """A binding gin cannot apply is reported with the job that has it."""
+  line = _error(tmp_path, BASE + "axes:\n  prompt_jax.train.stats_perod: [1]\n", "plan")
+  assert line.startswith("prompt-jax sweep: error: job prompt_jax.train.stats_perod-1: ")
+
+
+def test_figure_naming_no_axis(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n"
+                "report: {figures: [{x: PROMPT_LENGTH, lines: seeed}]}\n", "plan")
+  assert "report.figures[0].lines: 'seeed' is not an axis" in line
