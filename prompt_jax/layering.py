@@ -229,8 +229,8 @@ def contradiction(run_values: Mapping[Key, Any], problem_fn: Callable[[], Option
     with reverted(key, run_values):
       try:
         return problem_fn()
-      except ConfigError as e:
-        return str(e)
+      except Exception as e:  # pylint: disable=broad-except
+        return f"{type(e).__name__}: {e}"  # reverting one binding alone can leave others dangling
 
   without = {k: problem_without(k) for k in overrides}
   culprits = ([k for k in overrides if without[k] is None]
