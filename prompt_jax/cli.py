@@ -223,7 +223,9 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
   return layers
 
 
-def check_required(command: str) -> None:
+def check_required(command: str, layers=None) -> None:
+  """Names every required macro left unset (and, for a command that reads a run, says when
+  MODEL_DIR holds none)."""
   import gin  # pylint: disable=g-import-not-at-top
   missing = []
   for name in REQUIRED_MACROS.get(command, ()):
@@ -236,6 +238,11 @@ def check_required(command: str) -> None:
       missing.append(name)
   if command != "describe":  # describe needs only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
+  model_dir = _macro("MODEL_DIR")
+  if (missing and command in RUN_COMMANDS and model_dir and layers is not None
+      and layers.run_config is None):
+    raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
+                 f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
@@ -382,7 +389,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
     prompt_jax.tasks.set_data_dir(absolute(args.data_dir))  # wins over gin's DATA_DIR and env
   layers = parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings,
                      args.gin_search_paths, command=command)
-  check_required(command)
+  check_required(command, layers)
   check_against_run(layers)
   for note in layers.notes:
     _say(f"note: {note}")

@@ -137,3 +137,12 @@ def test_progress_meter_lines_and_eta():
   now[0] = 40.0
   assert meter.update(100) is None  # done: the command's own last line follows
   assert lines == ["eval: 20/100 examples (20%) 2.0 examples/s ETA 00:00:40"]
+
+
+def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):
+  assert cli.main(["eval", f"--gin.MODEL_DIR='{tmp_path}/nothing_here'"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {tmp_path}/nothing_here holds no "
+                        f"trained run (no config.gin): point it at a run's directory, or set "
+                        f"MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, INITIAL_CHECKPOINT_PATH")
+  assert err.count("\n") == 1 and not os.path.exists(tmp_path / "nothing_here")
