@@ -1,30 +1,51 @@
-"""`prompt-jax`: train | eval | infer | describe | tasks | bench | sweep, with t5x's flags.
+"""`prompt-jax`: train | eval | infer | export | describe | tasks | bench | sweep, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
+  prompt-jax eval --gin.MODEL_DIR="'/tmp/m'"          (a trained run describes itself)
+  prompt-jax infer --gin.MODEL_DIR="'/tmp/m'" --input="some text" --input="more text"
+  prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"
+  prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
 
 Flags (as t5x's train.py): --gin_file (repeatable; later overrides earlier), --gin.NAME=VALUE,
 --gin_bindings (repeatable), --gin_search_paths (comma separated; the packaged gin dir is
 always searched), --tfds_data_dir, and --multiprocess_gpu / --coordinator_address /
---process_count / --process_index for multi-host runs.
+--process_count / --process_index for multi-host runs; --verbose shows TensorFlow/absl logs
+and tracebacks.
 
-Precedence (no include-order traps): packaged gin files are parsed first, from the general to
-the specific whatever their order on the command line -- runs/ (defaults of a kind of run), then
-models/, then prompts/ (a method may rebind the run's prompt or optimizer) -- then your own gin
-files in order, then --gin_bindings and --gin.NAME=VALUE flags. So a packaged file never
-overrides a value you set in your file or on the command line, and a method file always wins
-over a run file.
+Order (later wins; no include-order traps):
+  1. runs/defaults.gin: every packaged default value, and the command's run file (eval:
+     runs/prompt_eval.gin, infer: runs/prompt_infer.gin), which binds no values, only wiring;
+  2. packaged files you name, from the general to the specific whatever their order on the
+     command line: runs/, then models/, then prompts/ (a method file beats a run file);
+  3. MODEL_DIR/config.gin, for eval / infer / export / describe of a trained run: the model,
+     method, prompt length, task and backbone it was trained with (a packaged file's value it
+     replaces gets a note);
+  4. your own gin files, in order;
+  5. --gin_bindings and --gin.NAME=VALUE flags.
+So a packaged file never overrides a value that your file, your flags or the run has set. An
+override that contradicts the run's checkpoint (another PROMPT_LENGTH, another method) is
+refused with one line naming both values.
 
-Bad configurations print one line `prompt-jax <cmd>: error: ...` and exit with status 2,
-before anything is written to MODEL_DIR.
+Relative paths (MODEL_DIR, PROMPT_FILE, CHECKPOINT_PATH, INITIAL_CHECKPOINT_PATH, DATA_DIR,
+--data_dir) are made absolute against the working directory first; gs:// paths are unchanged;
+an empty one is refused. Bad configurations print one line `prompt-jax <cmd>: error: ...` and
+exit with status 2, before anything is written to MODEL_DIR. Every command's last line says
+where its results are.
 """
 import argparse
-import logging
 import os
 import sys
+import traceback
 from typing import List, Optional, Sequence, Tuple
 
-COMMANDS = ("train", "eval", "infer", "describe", "tasks", "bench", "sweep")
+from prompt_jax.errors import ConfigError
+
+COMMANDS = ("train", "eval", "infer", "export", "describe", "tasks", "bench", "sweep")
+# Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
+RUN_COMMANDS = ("eval", "infer", "export", "describe")
+# Packaged run files (wiring only) a command always needs.
+IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin"}
 # Macros each command needs bound (t5x names).
 REQUIRED_MACROS = {
     "train": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
@@ -33,9 +54,15 @@ REQUIRED_MACROS = {
              "INITIAL_CHECKPOINT_PATH"),
     "infer": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE",
               "INITIAL_CHECKPOINT_PATH"),
+    "export": ("MODEL_DIR",),
     "describe": (),
 }
+# Paths (gin macros) made absolute against the working directory before anything runs, so a
+# relative MODEL_DIR writes where you are and resumes from anywhere given the same absolute path.
+PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
+               "DATA_DIR")
 EXIT_CONFIG_ERROR = 2
+EXIT_FAILURE = 1
 
 
 class _Error(Exception):
@@ -48,7 +75,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
       description=f"prompt-jax {command}: configured by gin, with t5x's flags. "
                   "--gin.NAME=VALUE binds a gin macro or parameter (e.g. "
                   "--gin.MODEL_DIR=\"'/tmp/run'\", --gin.TRAIN_STEPS=1000); it wins over every "
-                  "gin file. Packaged gin files are parsed before your own files.",
+                  "gin file. Packaged gin files are parsed before your own files"
+                  + ("; a trained MODEL_DIR's config.gin comes between them."
+                     if command in RUN_COMMANDS else "."),
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--gin_file", action="append", default=[],
                       help="gin file (repeatable; later overrides earlier). Relative paths are "
@@ -74,6 +103,19 @@ def _parser(command: str) -> argparse.ArgumentParser:
                       help="number of processes (multi-host)")
   parser.add_argument("--process_index", type=int, default=None,
                       help="index of this process (multi-host)")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show TensorFlow/CUDA/absl log lines and the traceback of errors")
+  if command == "infer":
+    parser.add_argument("--input", action="append", default=[], metavar="TEXT",
+                        help="predict for this input text (repeatable) instead of the split; "
+                             "the text is what the task's preprocessed `inputs` reads")
+  if command == "export":
+    from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
+    parser.add_argument("--format", choices=sorted(export.FORMATS), default="npy",
+                        help="npy: the trained prompt as [PROMPT_LENGTH, emb_dim] (DPT, residual "
+                             "and prefix methods folded)")
+    parser.add_argument("--output", default=None,
+                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy)")
   return parser
 
 
@@ -116,67 +158,74 @@ def initialize_distributed(args) -> None:
                              num_processes=args.process_count, process_id=args.process_index)
 
 
-_PACKAGED_ORDER = ("runs/", "models/", "prompts/")  # general -> specific
+# ===== gin: layers, paths, required macros =====
+
+def absolute(path: str) -> str:
+  """A local path made absolute (against the working directory); URLs (gs://...) unchanged."""
+  if "://" in path:
+    return path
+  return os.path.abspath(os.path.expanduser(path))
 
 
-def _packaged_rank(path: str) -> int:
-  for rank, prefix in enumerate(_PACKAGED_ORDER):
-    if path.startswith(prefix):
-      return rank
-  return len(_PACKAGED_ORDER)
+def _macro(name: str):
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    return gin.query_parameter(f"%{name}")
+  except ValueError:
+    return None
 
 
-def _packaged(path: str, gin_dir: str) -> bool:
-  return not os.path.isabs(path) and os.path.exists(os.path.join(gin_dir, path))
+def resolve_paths() -> Optional[str]:
+  """Rebinds every relative path macro to its absolute path; refuses an empty one (an unset
+  shell variable) before anything is written. Returns MODEL_DIR (absolute) or None."""
+  import gin  # pylint: disable=g-import-not-at-top
+  for name in PATH_MACROS:
+    value = _macro(name)
+    if not isinstance(value, str):
+      continue
+    if not value.strip():
+      raise _Error(f"{name} is empty (an unset shell variable?): set "
+                   f"--gin.{name}=\"'/a/path'\"" + ("" if name == "MODEL_DIR" else " or None"))
+    if absolute(value) != value:
+      gin.parse_config(f"{name} = {absolute(value)!r}")
+  value = _macro("MODEL_DIR")
+  return value if isinstance(value, str) else None
+
+
+def _find_run_config() -> Optional[Tuple[str, str]]:
+  """(path, text) of MODEL_DIR/config.gin when MODEL_DIR holds a run that wrote one."""
+  model_dir = resolve_paths()
+  if not model_dir:
+    return None
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  path = epath.Path(run_dir.config_path(model_dir))
+  if not path.is_file():
+    return None
+  return str(path), path.read_text()
 
 
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
-              search_paths: Sequence[str]) -> None:
-  """Packaged files first, then the user's files (in order), then the bindings."""
-  import gin  # pylint: disable=g-import-not-at-top
-  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+              search_paths: Sequence[str], command: Optional[str] = None):
+  """Parses gin in the order of the module docstring (`layering`); returns its `Layers`.
+  `command` adds its implied run file and, for the commands that read a run,
+  MODEL_DIR/config.gin; paths are then made absolute."""
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   _register_configurables()
-  gin.clear_config()
-  gin_dir = paths.gin_dir()
-  dirs = [d for p in search_paths for d in p.split(",") if d] + [gin_dir]
-  for d in dirs:
-    gin.add_config_file_search_path(d)
-  user_dirs = dirs[:-1]
-  packaged = [f for f in gin_files
-              if _packaged(f, gin_dir) and not any(os.path.exists(os.path.join(d, f))
-                                                   for d in user_dirs)]
-  own = [f for f in gin_files if f not in packaged]
-  packaged.sort(key=_packaged_rank)  # stable: same-kind files keep their order
-  for f in list(packaged) + list(own):
-    if not _exists(f, dirs):
-      raise _Error(f"gin file {f!r} not found (searched ., {', '.join(dirs)})")
-  logging.getLogger().addFilter(_QuietGinLookups())
+  implied = [IMPLIED_RUN_FILES[command]] if command in IMPLIED_RUN_FILES else []
   try:
-    gin.parse_config_files_and_bindings(packaged + own, list(bindings), finalize_config=False)
-  except (ValueError, KeyError, SyntaxError, IOError) as e:
-    raise _Error(f"gin: {_first_line(e)}") from e
+    layers = layering.parse(gin_files, bindings, search_paths, implied=implied,
+                            find_run_config=_find_run_config if command in RUN_COMMANDS else None)
+  except ConfigError as e:
+    raise _Error(str(e)) from e
+  if command is not None:
+    resolve_paths()
+  return layers
 
 
-class _QuietGinLookups(logging.Filter):
-  """gin logs 'Path not found' for every search path it tries before the one that has the file."""
-
-  def filter(self, record):
-    return not str(record.getMessage()).startswith("Path not found")
-
-
-def _exists(f: str, dirs: Sequence[str]) -> bool:
-  return os.path.exists(f) or any(os.path.exists(os.path.join(d, f)) for d in dirs)
-
-
-def _first_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-  if not lines:
-    return type(e).__name__
-  # gin appends "In file ..., line N" context: keep it on the same line.
-  return "; ".join(lines[:3])
-
-
-def check_required(command: str) -> None:
+def check_required(command: str, layers=None) -> None:
+  """Names every required macro left unset (and, for a command that reads a run, says when
+  MODEL_DIR holds none)."""
   import gin  # pylint: disable=g-import-not-at-top
   missing = []
   for name in REQUIRED_MACROS.get(command, ()):
@@ -189,6 +238,11 @@ def check_required(command: str) -> None:
       missing.append(name)
   if command != "describe":  # describe needs only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
+  model_dir = _macro("MODEL_DIR")
+  if (missing and command in RUN_COMMANDS and model_dir and layers is not None
+      and layers.run_config is None):
+    raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
+                 f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
@@ -218,6 +272,26 @@ def unbound_macros() -> List[str]:
   return sorted(referenced - bound)
 
 
+def check_against_run(layers) -> None:
+  """Refuses, in one line, a configuration whose trainable parameters do not fit the
+  checkpoint of the run in MODEL_DIR (names the overrides that caused it and the run's values)."""
+  if layers is None or layers.run_values is None or _macro("PROMPT_FILE"):
+    return
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  model_dir = _macro("MODEL_DIR")
+  run = run_dir.resolve(model_dir, _macro("CHECKPOINT_PATH"))
+  if run.checkpoint is None:
+    return
+  saved = run_dir.checkpoint_shapes(run.checkpoint)
+  problem = lambda: run_dir.shape_mismatch(run_dir.trainable_shapes(run_setup.model_spec()),
+                                          saved)
+  message = layering.contradiction(layers.run_values, problem, model_dir)
+  if message:
+    raise _Error(message)
+
+
 def _register_configurables() -> None:
   # Importing registers every gin configurable the packaged gin files name.
   import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
@@ -228,29 +302,99 @@ def _register_configurables() -> None:
   import prompt_jax.train.loop  # pylint: disable=g-import-not-at-top,unused-import
 
 
-def _run(command: str) -> int:
-  if command == "train":
-    from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
-    from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
-    metrics = loop.train(infer_fn=inference.evaluate)
-    _print_final(metrics)
-  elif command == "eval":
-    from prompt_jax.evaluation import run  # pylint: disable=g-import-not-at-top
-    _print_final(run.evaluate())
-  elif command == "infer":
-    from prompt_jax.evaluation import run  # pylint: disable=g-import-not-at-top
-    run.infer()
-  elif command == "describe":
-    from prompt_jax.train import describe  # pylint: disable=g-import-not-at-top
-    describe.describe()
-  return 0
+# ===== One function per subcommand; each ends with a line saying where its results are =====
+
+def _say(line: str) -> None:
+  """Our own lines, from process 0 only."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    print(line, flush=True)
+
+
+def _tensorboard(model_dir: str) -> str:
+  return f"TensorBoard: tensorboard --logdir {model_dir}"
+
+
+def _train(args) -> None:
+  del args
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  model_dir = _macro("MODEL_DIR")
+  _say(f"prompt-jax train: {_macro('MIXTURE_OR_TASK_NAME')} for {_macro('TRAIN_STEPS')} steps "
+       f"into {model_dir}")
+  _print_final(loop.train(infer_fn=inference.evaluate))
+  run = run_dir.resolve(model_dir)
+  files = run.numpy_files()
+  prompt = (f"; prompt {files[0]}" if len(files) == 1
+            else f"; prompt arrays in {run.numpy_dir}" if files else "")
+  _say(f"checkpoint {run.checkpoint}{prompt}; {_tensorboard(model_dir)}")
+
+
+def _eval(args) -> None:
+  del args
+  from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
+  result = run_lib.evaluate()
+  _print_final(result.metrics)
+  if result.metrics_file:
+    _say(f"metrics {result.metrics_file}; {_tensorboard(_macro('MODEL_DIR'))}")
+
+
+def _infer(args) -> None:
+  from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
+  run_lib.infer(inputs=args.input or None)  # its last line: "wrote N predictions to <file>"
+
+
+def _export(args) -> None:
+  from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
+  written = export.export(args.format, model_dir=_macro("MODEL_DIR"),
+                          checkpoint_path=_macro("CHECKPOINT_PATH"),
+                          output=absolute(args.output) if args.output else None)
+  _say("wrote " + "; ".join(written))
+
+
+def _describe(args) -> None:
+  del args
+  from prompt_jax.train import describe  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  model_dir = _macro("MODEL_DIR")
+  if model_dir:
+    run = run_dir.resolve(model_dir, _macro("CHECKPOINT_PATH"))
+    if run.config:
+      _say(f"run {model_dir}: "
+           + (f"checkpoint step {run.step}" if run.step is not None else "no checkpoint yet"))
+  describe.describe()
+
+
+_COMMANDS = {"train": _train, "eval": _eval, "infer": _infer, "export": _export,
+             "describe": _describe}
 
 
 def _print_final(metrics) -> None:
-  import jax  # pylint: disable=g-import-not-at-top
-  if metrics and jax.process_index() == 0:
-    print("final metrics: " + " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())),
-          flush=True)
+  if metrics:
+    _say("final metrics: " + " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+
+
+def _gin_command(command: str, rest: Sequence[str]) -> int:
+  rest, dot_bindings = split_gin_dot_flags(rest)
+  args = _parser(command).parse_args(rest)
+  initialize_distributed(args)
+  if args.tfds_data_dir:
+    import seqio  # pylint: disable=g-import-not-at-top
+    seqio.set_tfds_data_dir_override(args.tfds_data_dir)
+  if args.data_dir is not None:
+    if not args.data_dir.strip():
+      raise _Error("--data_dir is empty (an unset shell variable?): give a directory")
+    import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
+    prompt_jax.tasks.set_data_dir(absolute(args.data_dir))  # wins over gin's DATA_DIR and env
+  layers = parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings,
+                     args.gin_search_paths, command=command)
+  check_required(command, layers)
+  check_against_run(layers)
+  for note in layers.notes:
+    _say(f"note: {note}")
+  _COMMANDS[command](args)
+  return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -260,43 +404,59 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           + __doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if argv and argv[0] in ("-h", "--help") else EXIT_CONFIG_ERROR
   command, rest = argv[0], argv[1:]
-  if command == "bench":
-    from prompt_jax import bench  # pylint: disable=g-import-not-at-top
-    return bench.main(rest)
-  if command == "tasks":
-    import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
-    from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
-    return tasks_inspect.main(rest)
-  if command == "sweep":  # design-decision sweeps (prompt_jax/launch); jobs' gin checked here
-    from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
-    return sweep.main(rest, parse_gin=parse_gin, check_required=check_required)
-  try:
-    rest, dot_bindings = split_gin_dot_flags(rest)
-    args = _parser(command).parse_args(rest)
-    initialize_distributed(args)
-    if args.tfds_data_dir:
-      import seqio  # pylint: disable=g-import-not-at-top
-      seqio.set_tfds_data_dir_override(args.tfds_data_dir)
-    if args.data_dir:
-      import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
-      prompt_jax.tasks.set_data_dir(args.data_dir)  # wins over gin's DATA_DIR and the env
-    parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings, args.gin_search_paths)
-    check_required(command)
-    return _run(command)
-  except _Error as e:
-    return _fail(command, str(e))
-  except Exception as e:  # pylint: disable=broad-except
-    from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
-    from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-    if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
-      return _fail(command, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    if isinstance(e, RuntimeError) and "Required bindings" in str(e):
-      hint = (" (add a model file, e.g. --gin_file=models/t5_1_1_base.gin)"
-              if "t5_config" in str(e) else "")
-      return _fail(command, "gin: " + str(e).splitlines()[0] + hint)
-    if isinstance(e, (TypeError, ValueError)) and "gin" in str(e).lower():
-      return _fail(command, "gin: " + _first_line(e))
-    raise
+  verbose = "--verbose" in rest
+  from prompt_jax import console  # pylint: disable=g-import-not-at-top
+  with console.quiet(enabled=not verbose, tensorflow=command != "bench"):
+    if command == "bench":
+      from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+      return bench.main([a for a in rest if a != "--verbose"])
+    if command == "tasks":
+      import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
+      from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
+      return tasks_inspect.main([a for a in rest if a != "--verbose"])
+    if command == "sweep":  # design-decision sweeps (prompt_jax/launch); jobs' gin checked here
+      from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
+      return sweep.main([a for a in rest if a != "--verbose"], parse_gin=parse_gin,
+                        check_required=check_required)
+    try:
+      return _gin_command(command, rest)
+    except Exception as e:  # pylint: disable=broad-except
+      return _error(command, e, verbose)
+    except KeyboardInterrupt:
+      print(f"prompt-jax {command}: interrupted", file=sys.stderr, flush=True)
+      return 130
+
+
+def _error(command: str, e: Exception, verbose: bool) -> int:
+  """The one error path: a bad input is one line and exit 2; anything else one line and exit 1
+  (the traceback with --verbose)."""
+  message = _bad_input_message(e)
+  if verbose:
+    traceback.print_exc()
+  if message is not None:
+    return _fail(command, message)
+  hint = "" if verbose else " (--verbose shows the traceback)"
+  text = str(e).splitlines()[0] if str(e).strip() else ""
+  print(f"prompt-jax {command}: error: {type(e).__name__}: {text}{hint}", file=sys.stderr,
+        flush=True)
+  return EXIT_FAILURE
+
+
+def _bad_input_message(e: Exception) -> Optional[str]:
+  """The one-line message of an error caused by the input (None: not one of those)."""
+  from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  if isinstance(e, _Error):
+    return str(e)
+  if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+  if isinstance(e, RuntimeError) and "Required bindings" in str(e):
+    hint = (" (add a model file, e.g. --gin_file=models/t5_1_1_base.gin)"
+            if "t5_config" in str(e) else "")
+    return "gin: " + str(e).splitlines()[0] + hint
+  if isinstance(e, (TypeError, ValueError)) and "gin" in str(e).lower():
+    return "gin: " + layering.first_line(e)
+  return None
 
 
 def _fail(command: str, message: str) -> int:

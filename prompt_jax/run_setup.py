@@ -1,7 +1,7 @@
 """Run set-up shared by train, eval, infer and describe: the model of a run, built from gin.
 
   prompt_jax.t5_config.preset = 't5_1_1_large'           (gin/models/*.gin)
-  prompt_jax.prompt_tuning.length = %PROMPT_LENGTH       (gin/runs/prompt_*.gin)
+  prompt_jax.prompt_tuning.length = %PROMPT_LENGTH       (gin/runs/defaults.gin)
   prompt_jax.prompt_tuning.init = @prompt_jax.from_class_labels()   (gin/prompts/*.gin)
 
 `prepare(...)` validates the configuration and restores the frozen backbone (sharded, never a
@@ -111,9 +111,11 @@ def model_spec(config: Optional[T5Config] = None, prompt: Any = DEFAULT_PROMPT,
                frozen_dtype: str = "float32") -> ModelSpec:
   """`config` defaults to the gin-configured `t5_config()` (set by gin/models/*.gin).
 
-  `prompt` defaults to the gin-configured `prompt_tuning()`; a method's gin file
-  (gin/prompts/<method>.gin) binds another spec, `runs/model_finetune.gin` binds None. No run
-  file binds it, so a method file works whatever its position among the --gin_file flags.
+  `prompt` defaults to the gin-configured `prompt_tuning()` (runs/defaults.gin binds it, so a
+  run's config.gin names its method); a method's gin file (gin/prompts/<method>.gin) binds
+  another spec, `runs/model_finetune.gin` binds None. The CLI parses defaults.gin first and
+  method files after run files, so a method file works whatever its position among the
+  --gin_file flags.
   `trainable_regex` (TRAINABLE_REGEX) None: the prompt method's own regex.
   """
   if prompt is DEFAULT_PROMPT:

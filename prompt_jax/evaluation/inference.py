@@ -62,12 +62,17 @@ def _gather(x) -> np.ndarray:
 
 
 def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
-                   labels: Optional[Sequence[str]] = None, vocabulary=None) -> List[List[int]]:
-  """Predicted target tokens for every row of `encoder_inputs` [N, T] (same on all processes)."""
+                   labels: Optional[Sequence[str]] = None, vocabulary=None,
+                   progress: Optional[str] = None) -> List[List[int]]:
+  """Predicted target tokens for every row of `encoder_inputs` [N, T] (same on all processes).
+
+  `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines.
+  """
   params = trees.merge(run.trainable, run.frozen)
   sharding = partitioning.data_sharding(run.mesh)
   label_ids = _label_tokens(labels, vocabulary) if labels else None
   out: List[List[int]] = []
+  meter = summaries.Meter(progress, encoder_inputs.shape[0]) if progress else None
   for begin in range(0, encoder_inputs.shape[0], batch_size):
     chunk = encoder_inputs[begin:begin + batch_size]
     n = chunk.shape[0]
@@ -90,6 +95,8 @@ def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_deco
         for b in best[:n]:
           row = list(label_ids[b])
           out.append(row[:row.index(1)])
+    if meter is not None:
+      meter.update(len(out))
   return out
 
 
@@ -129,7 +136,7 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
     vocabulary = evaluator.eval_tasks[0].output_features["targets"].vocabulary
     tokens = predict_tokens(run, inputs, batch_size=cfg.batch_size,
                             max_decode_length=max_decode_length, labels=labels,
-                            vocabulary=vocabulary)
+                            vocabulary=vocabulary, progress="eval")
     return list(zip(indices, tokens))
 
   all_metrics, _ = evaluator.evaluate(compute_metrics=jax.process_index() == 0, step=step,

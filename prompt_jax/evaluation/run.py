@@ -1,11 +1,14 @@
-"""`prompt-jax eval` and `prompt-jax infer`: a trained prompt on a task's split.
+"""`prompt-jax eval` and `prompt-jax infer`: a trained prompt on a task's split (or on texts).
 
-The prompt comes from CHECKPOINT_PATH (a `MODEL_DIR/checkpoints/<step>` dir), else the latest
-checkpoint in MODEL_DIR, else PROMPT_FILE (.npy) with the frozen INITIAL_CHECKPOINT_PATH.
+The prompt comes from PROMPT_FILE (.npy) with the frozen INITIAL_CHECKPOINT_PATH, else from
+CHECKPOINT_PATH (a `MODEL_DIR/checkpoints/<step>` dir), else from the latest intact checkpoint
+of MODEL_DIR (`train.run_dir.resolve`). Given a trained MODEL_DIR, the CLI has already layered
+its config.gin under your files and flags, so MODEL_DIR is all these need.
 """
+import dataclasses
 import json
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import gin
 import jax
@@ -18,18 +21,28 @@ from prompt_jax import trees
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import inference
 from prompt_jax.prompts import initializers
-from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
+from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
 
+EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>.json
+INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>.jsonl
 
-def _checkpoint_params(path: str) -> Dict[str, np.ndarray]:
-  state_dir = path if os.path.basename(path.rstrip("/")) == "state" else os.path.join(path, "state")
-  if not os.path.isdir(state_dir):
-    raise ConfigError(f"CHECKPOINT_PATH {path!r} is not a prompt_jax checkpoint "
-                      f"(no {state_dir})")
-  restored = ocp.StandardCheckpointer().restore(os.path.abspath(state_dir))
+
+def checkpoint_params(path: str) -> Dict[str, np.ndarray]:
+  """{parameter path: array} of the trained parameters of a `checkpoints/<step>` dir."""
+  restored = ocp.StandardCheckpointer().restore(os.path.abspath(run_dir.state_dir(path)))
   return trees.flatten(restored["params"])
+
+
+def checkpoint_of(model_dir: Optional[str], checkpoint_path: Optional[str],
+                  prompt_file: Optional[str]) -> run_dir.RunDir:
+  """Where the trained parameters come from: (step, checkpoint) of the run, or none with
+  PROMPT_FILE."""
+  if prompt_file or not model_dir:
+    return run_dir.RunDir(model_dir=model_dir, config=None, step=None,
+                          checkpoint=checkpoint_path, numpy_dir=None)
+  return run_dir.resolve(model_dir, checkpoint_path)
 
 
 def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
@@ -43,9 +56,7 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
   task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   data_lib.check_split(task, dataset_cfg.split)
   if not checkpoint_path and model_dir and not prompt_file:
-    latest = checkpointing.latest_step(model_dir)
-    if latest is not None:
-      checkpoint_path = os.path.join(checkpointing.checkpoints_dir(model_dir), str(latest))
+    checkpoint_path = run_dir.resolve(model_dir).checkpoint
   if not checkpoint_path and not prompt_file and model.prompt is not None:
     raise ConfigError("nothing to evaluate: set CHECKPOINT_PATH or PROMPT_FILE, or point "
                       "MODEL_DIR at a trained run")
@@ -59,7 +70,7 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
       mesh=mesh, vocabulary=task.output_features["targets"].vocabulary,
       frozen_dtype=model.frozen_dtype)
   if checkpoint_path:
-    saved = _checkpoint_params(checkpoint_path)
+    saved = checkpoint_params(checkpoint_path)
     current = trees.flatten(run.trainable)
     shardings = trees.flatten(run.trainable_shardings)
     for name, value in current.items():
@@ -71,18 +82,56 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
   return run
 
 
+@dataclasses.dataclass
+class EvalResult:
+  metrics: Dict[str, float]
+  metrics_file: Optional[str]  # MODEL_DIR/eval/<task>-<split>-step<N>.json (process 0)
+  step: Optional[int]  # the checkpoint's step (None: PROMPT_FILE)
+
+
 @gin.configurable(module="prompt_jax")
 def evaluate(*, model_dir: Optional[str] = None,
              dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
              initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
              prompt_file: Optional[str] = None, num_partitions: int = 1,
-             model: Optional[run_setup.ModelSpec] = None) -> Dict[str, float]:
-  """seqio.Evaluator metrics (rank classification when the task declares its labels)."""
-  run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
+             model: Optional[run_setup.ModelSpec] = None) -> EvalResult:
+  """seqio.Evaluator metrics (rank classification when the task declares its labels), logged to
+  TensorBoard at the checkpoint's step (MODEL_DIR/inference_eval/<task>, beside training's
+  curve) and written as JSON."""
+  source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
+  run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
-  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=0)
+  step = source.step or 0
+  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step)
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
-  return metrics
+  out = None
+  if model_dir and jax.process_index() == 0:
+    out = os.path.join(model_dir, EVAL_DIR,
+                       f"{dataset_cfg.mixture_or_task_name}-{dataset_cfg.split}-step{step}.json")
+    _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
+                                 "prompt_file": prompt_file, "split": dataset_cfg.split,
+                                 "metrics": metrics}, indent=1, sort_keys=True) + "\n")
+  return EvalResult(metrics=metrics, metrics_file=out, step=source.step)
+
+
+def _write_text(path: str, text: str) -> None:
+  """Written whole or not at all (a temporary file renamed)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
+def encode_inputs(texts: Sequence[str], vocabulary, length: int) -> np.ndarray:
+  """[N, length] encoder tokens of raw texts (+ EOS), as the task's `inputs` feature."""
+  out = np.zeros((len(texts), length), np.int32)
+  for i, text in enumerate(texts):
+    ids = list(vocabulary.encode(text)) + [1]  # + EOS
+    if len(ids) > length:
+      raise ConfigError(f"--input {text!r} is {len(ids)} tokens with EOS, longer than the "
+                        f"inputs feature length {length} (TASK_FEATURE_LENGTHS)")
+    out[i, :len(ids)] = ids
+  return out
 
 
 @gin.configurable(module="prompt_jax")
@@ -90,31 +139,50 @@ def infer(*, model_dir: str = gin.REQUIRED,
           dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
           initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
-          model: Optional[run_setup.ModelSpec] = None) -> str:
-  """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}."""
-  run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
+          model: Optional[run_setup.ModelSpec] = None,
+          inputs: Optional[Sequence[str]] = None, print_fn=print) -> str:
+  """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}.
+
+  With `inputs` (texts, `--input` on the command line): predicts those instead, prints
+  'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
+  """
+  source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
+  run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
   task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   vocabulary = task.output_features["targets"].vocabulary
-  ds = data_lib.get_dataset(dataset_cfg, num_epochs=1, shard_id=0, num_shards=1,
-                            drop_remainder=False).unbatch()
-  examples = list(ds.as_numpy_iterator())
-  inputs = np.stack([ex["encoder_input_tokens"] for ex in examples])
+  inputs_vocab = task.output_features["inputs"].vocabulary
+  if inputs:
+    texts = list(inputs)
+    tokens_in = encode_inputs(texts, inputs_vocab, dataset_cfg.task_feature_lengths["inputs"])
+    targets = [None] * len(texts)
+    name = f"{task.name}-inputs.jsonl"
+  else:
+    ds = data_lib.get_dataset(dataset_cfg, num_epochs=1, shard_id=0, num_shards=1,
+                              drop_remainder=False).unbatch()
+    examples = list(ds.as_numpy_iterator())
+    tokens_in = np.stack([ex["encoder_input_tokens"] for ex in examples])
+    texts = [inputs_vocab.decode([int(t) for t in ex["encoder_input_tokens"] if t > 1])
+             for ex in examples]
+    targets = [vocabulary.decode([int(t) for t in ex["decoder_target_tokens"] if t > 1])
+               for ex in examples]
+    name = f"{task.name}-{dataset_cfg.split}.jsonl"
   labels = inference.label_set(task.name)
-  tokens = inference.predict_tokens(run, inputs, batch_size=dataset_cfg.batch_size,
+  tokens = inference.predict_tokens(run, tokens_in, batch_size=dataset_cfg.batch_size,
                                     max_decode_length=dataset_cfg.task_feature_lengths["targets"],
-                                    labels=labels, vocabulary=vocabulary)
-  out = os.path.join(model_dir, "inference", f"{task.name}-{dataset_cfg.split}.jsonl")
+                                    labels=labels, vocabulary=vocabulary, progress="infer")
+  predictions = [vocabulary.decode([int(t) for t in pred]) for pred in tokens]
+  out = os.path.join(model_dir, INFERENCE_DIR, name)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    inputs_vocab = task.output_features["inputs"].vocabulary
-    with open(out + ".tmp", "w") as f:
-      for ex, pred in zip(examples, tokens):
-        f.write(json.dumps({
-            "inputs": inputs_vocab.decode([int(t) for t in ex["encoder_input_tokens"] if t > 1]),
-            "prediction": vocabulary.decode([int(t) for t in pred]),
-            "targets": vocabulary.decode(
-                [int(t) for t in ex["decoder_target_tokens"] if t > 1])}) + "\n")
-    os.replace(out + ".tmp", out)
+    rows = []
+    for text, pred, target in zip(texts, predictions, targets):
+      row = {"inputs": text, "prediction": pred}
+      if target is not None:
+        row["targets"] = target
+      rows.append(json.dumps(row) + "\n")
+    _write_text(out, "".join(rows))
+    if inputs:
+      for text, pred in zip(texts, predictions):
+        print_fn(f"{text} -> {pred}")
   summaries.log("wrote %d predictions to %s", len(tokens), out)
   return out

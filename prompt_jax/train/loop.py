@@ -17,6 +17,7 @@ from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import losses
 from prompt_jax.train import optimizers
+from prompt_jax.train import run_dir
 from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
 
@@ -26,9 +27,9 @@ def write_config(model_dir: str) -> None:
   if jax.process_index() == 0:
     directory = epath.Path(model_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "config.gin.tmp"
+    tmp = directory / (run_dir.CONFIG_FILE + ".tmp")
     tmp.write_text(gin.config_str())
-    tmp.replace(directory / "config.gin")
+    tmp.replace(directory / run_dir.CONFIG_FILE)
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding) -> Dict[str, jax.Array]:

@@ -1,0 +1,89 @@
+"""What the user sees: our own lines, not TensorFlow/CUDA/absl messages they cannot act on.
+
+`quiet()` (what `prompt-jax` runs under unless `--verbose`) sets TensorFlow's C++ log level in
+the environment before TensorFlow is imported, imports it with file descriptor 2 pointed at
+/dev/null (TF 2.21 prints "oneDNN custom operations are on", "Could not find cuda drivers" and
+an absl::InitializeLog notice at import, whatever TF_CPP_MIN_LOG_LEVEL says), sets absl and the
+noisy libraries' Python loggers to ERROR and ignores their Python warnings. Errors still show.
+
+TensorFlow only feeds data here: it is always kept off the GPUs, which belong to JAX.
+"""
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from typing import Iterator
+
+# Python loggers of libraries whose INFO/WARNING lines are not actionable for a user.
+_NOISY_LOGGERS = ("absl", "tensorflow", "seqio", "orbax", "jax._src.xla_bridge",
+                  "tensorflow_datasets", "clu", "etils")
+_NOISY_MODULES = r"(tensorflow|tensorflow_datasets|tensorflow_text|seqio|tf_keras|keras|orbax|" \
+                 r"clu|google\.protobuf|etils|absl)(\.|$)"
+
+
+def import_tensorflow(silence_import: bool = True):
+  """Imports TensorFlow (with its import-time C++ messages discarded) and hides the GPUs from it.
+
+  Safe to call again: a second import is a no-op.
+  """
+  if "tensorflow" in sys.modules or not silence_import:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  else:
+    tf = _import_with_stderr_discarded()
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # already initialised: nothing to change now
+    pass
+  return tf
+
+
+def _import_with_stderr_discarded():
+  """`import tensorflow` with fd 2 on /dev/null; Python errors raised by the import still show
+  (they are raised after fd 2 is restored)."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+  return tf
+
+
+@contextlib.contextmanager
+def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
+  """Runs a command with only our lines on screen (restores logger levels and warning filters
+  on exit, so an in-process caller keeps its own settings). `tensorflow`: import it now (the
+  commands that read data); `enabled=False` (--verbose) changes nothing else."""
+  if not enabled:
+    if tensorflow:
+      import_tensorflow(silence_import=False)
+    yield
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ INFO/WARNING/ERROR after import
+  os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+  levels = {name: logging.getLogger(name).level for name in _NOISY_LOGGERS}
+  absl_verbosity = None
+  try:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    absl_verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+  except ImportError:
+    absl_logging = None
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", module=_NOISY_MODULES)
+    for name in _NOISY_LOGGERS:
+      logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+      if tensorflow:
+        import_tensorflow()
+      yield
+    finally:
+      for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+      if absl_logging is not None and absl_verbosity is not None:
+        absl_logging.set_verbosity(absl_verbosity)

@@ -1,0 +1,149 @@
+"""`prompt-jax export --format=npy`: the trained prompt of a run as plain arrays.
+
+  prompt tuning, DPT, residual   -> prompt_step<N>.npy          [P, H]  (DPT / residual folded)
+  deep prefix (P-tuning v2)      -> prefix_step<N>.npy          [2, L, P, D]  key, value stacked
+                                    decoder_prefix_step<N>.npy  (PREFIX_DECODER = True)
+  IDPG, M-IDPG, IPT              -> refused: their prompt depends on the input
+written to MODEL_DIR/export/ (or --output) from the latest intact checkpoint (or CHECKPOINT_PATH).
+A [P, H] file is what `prompts/from_file.gin` (PROMPT_FILE) and plain prompt tuning read.
+
+`FORMATS` is the one dispatch on --format; `_FOLDS` the one table from a prompt method to the
+`fold` functions of prompts/ (keyed by the method's gin name: `method_name` maps a spec to it).
+"""
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import jax
+import numpy as np
+
+from prompt_jax import run_setup
+from prompt_jax.errors import ConfigError
+from prompt_jax.evaluation import run as run_lib
+from prompt_jax.prompts import low_rank
+from prompt_jax.prompts import prefix
+from prompt_jax.prompts import residual
+from prompt_jax.train import run_dir
+
+EXPORT_DIR = "export"
+Params = Mapping[str, Any]  # the trained parameter tree (nested dicts of arrays)
+Fold = Callable[[Any, Any, Params], Dict[str, np.ndarray]]  # (spec, T5Config, params) -> arrays
+
+# Spec class -> the method's gin name (prompts/*.gin binds `prompt_jax.<name>()`). Re-point here
+# when specs change shape (e.g. to a `spec.name`).
+_SPEC_NAMES = {"PromptSpec": "prompt_tuning", "DPTSpec": "dpt", "ResidualSpec": "residual_prompt",
+               "DeepPrefixSpec": "deep_prefix", "IDPGSpec": "idpg_prompt",
+               "MultiLayerIDPGSpec": "idpg_multilayer", "IPTSpec": "ipt_prompt"}
+_INPUT_DEPENDENT = {"idpg_prompt": "IDPG", "idpg_multilayer": "M-IDPG", "ipt_prompt": "IPT"}
+
+
+def method_name(spec) -> str:
+  name = getattr(spec, "name", None) or _SPEC_NAMES.get(type(spec).__name__)
+  if name is None:
+    raise ConfigError(f"export does not know the prompt method {type(spec).__name__}")
+  return name
+
+
+def _input_prompt(params: Params) -> Params:
+  """The input-level method's parameters: `encoder/prompt/prompt/...`."""
+  return params["encoder"]["prompt"]["prompt"]
+
+
+def _prompt_tuning(spec, config, params):
+  del spec, config
+  return {"prompt": _input_prompt(params)["prompt"]}  # [P, H]
+
+
+def _dpt(spec, config, params):
+  del spec, config
+  return {"prompt": low_rank.fold(_input_prompt(params))}  # [P, H]
+
+
+def _residual(spec, config, params):
+  del config
+  return {"prompt": residual.fold(_input_prompt(params), spec.bottleneck,
+                                  spec.separate_mlps)}  # [P, H]
+
+
+def _deep_prefix(spec, config, params):
+  out = {}
+  hooks = [("prefix", "encoder", spec.layer_factory), ("decoder_prefix", "decoder",
+                                                       getattr(spec, "decoder_layer_factory", None))]
+  for name, stack, factory_fn in hooks:
+    factory = factory_fn(config=config) if factory_fn else None
+    if factory is None:
+      continue
+    folded = prefix.fold(params[stack]["layer_prompts"], factory(name=None))
+    out[name] = np.stack([np.asarray(folded["key"]), np.asarray(folded["value"])])  # [2, L, P, D]
+  if spec.input_prompt is not None:
+    out.update(fold(spec.input_prompt, config, params))
+  return out
+
+
+_FOLDS: Dict[str, Fold] = {
+    "prompt_tuning": _prompt_tuning,
+    "dpt": _dpt,
+    "residual_prompt": _residual,
+    "deep_prefix": _deep_prefix,
+}
+
+
+def fold(spec, config, params: Params) -> Dict[str, np.ndarray]:
+  """{file stem: array} of an input-independent method's trained parameters, folded."""
+  name = method_name(spec)
+  if name in _INPUT_DEPENDENT:
+    raise ConfigError(f"{_INPUT_DEPENDENT[name]} generates its prompt from each input: there is "
+                      f"no fixed prompt to export (evaluate or infer with MODEL_DIR instead)")
+  if name not in _FOLDS:
+    raise ConfigError(f"export does not know how to fold the prompt method {name!r}")
+  return {k: np.asarray(jax.device_get(v), np.float32) for k, v in
+          _FOLDS[name](spec, config, params).items()}
+
+
+def _nested(flat: Mapping[str, np.ndarray]) -> Dict[str, Any]:
+  out: Dict[str, Any] = {}
+  for path, value in flat.items():
+    node = out
+    *parents, leaf = path.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return out
+
+
+def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
+               output: Optional[str] = None) -> List[str]:
+  """Writes each folded array as .npy; returns 'name [shape] float32 (step N): path' lines."""
+  if model.prompt is None:
+    raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
+  params = _nested(run_lib.checkpoint_params(run.checkpoint))
+  arrays = fold(model.prompt, model.config, params)
+  if output and len(arrays) > 1:
+    raise ConfigError(f"--output names one file but this method exports {len(arrays)} arrays "
+                      f"({', '.join(sorted(arrays))}): leave --output out")
+  written = []
+  for stem, array in sorted(arrays.items()):
+    path = output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_step{run.step}.npy")
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+      with open(path + ".tmp", "wb") as f:
+        np.save(f, array)
+      os.replace(path + ".tmp", path)
+    written.append(f"{stem} {list(array.shape)} {array.dtype} of checkpoint step {run.step} "
+                   f"to {path}")
+  return written
+
+
+FORMATS: Dict[str, Callable[..., List[str]]] = {"npy": export_npy}
+
+
+def export(fmt: str, model_dir: str, checkpoint_path: Optional[str] = None,
+           output: Optional[str] = None, model: Optional[run_setup.ModelSpec] = None) -> List[str]:
+  """`prompt-jax export --format=<fmt>`: the run's latest (or CHECKPOINT_PATH's) checkpoint."""
+  if fmt not in FORMATS:
+    raise ConfigError(f"--format={fmt!r}: choose one of {sorted(FORMATS)}")
+  run = run_dir.resolve(model_dir, checkpoint_path)
+  if run.checkpoint is None:
+    raise ConfigError(f"MODEL_DIR {model_dir} has no checkpoint to export: train first, or set "
+                      f"CHECKPOINT_PATH")
+  model = model or run_setup.model_spec()
+  return FORMATS[fmt](model, run, output)

@@ -1,0 +1,244 @@
+"""How `prompt-jax` layers gin: later layers win, and no packaged file can override yours.
+
+  1. runs/defaults.gin       every packaged default value (PROMPT_LENGTH = 100, BATCH_SIZE = 32..)
+     + the command's run file (eval: runs/prompt_eval.gin, infer: runs/prompt_infer.gin), which
+     only wires function parameters to macros
+  2. packaged files you name (--gin_file=runs/..., models/..., prompts/...), general to specific
+     whatever their order: runs/, then models/, then prompts/ (a method file beats a run file)
+  3. MODEL_DIR/config.gin    eval / infer / export / describe of a trained run: what it was
+     trained with (model, method, prompt length, task, lengths, backbone) wins over 1-2
+  4. your own gin files, in order
+  5. --gin_bindings and --gin.NAME=VALUE flags
+
+Packaged run files bind no values (only `param = %MACRO` wiring), so including them anywhere
+cannot clobber a value. A packaged file whose value the run's config.gin replaces gets a note;
+an override (4-5) that contradicts the run's checkpoint gets one error line naming both values.
+
+This module is the CLI's (floor 5): gin stays at the edge. `snapshot()` reads gin's table of
+bindings (gin has no public API for it); the CLI already relies on it for unbound macros.
+"""
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from prompt_jax.errors import ConfigError
+
+DEFAULTS_FILE = "runs/defaults.gin"
+PACKAGED_ORDER = ("runs/", "models/", "prompts/")  # general -> specific
+
+Key = Tuple[str, str, str]  # (scope, selector, parameter); a macro is (NAME, 'gin.macro', 'value')
+_MISSING = object()
+
+
+@dataclasses.dataclass
+class Layers:
+  """What was parsed, in order, and what a run's config.gin contributed."""
+  defaults: List[str]
+  packaged: List[str]
+  own: List[str]
+  bindings: List[str]
+  run_config: Optional[str] = None  # MODEL_DIR/config.gin when layered
+  run_values: Optional[Dict[Key, Any]] = None  # the bindings right after config.gin (layer 3)
+  notes: List[str] = dataclasses.field(default_factory=list)
+
+
+def _gin():
+  import gin  # pylint: disable=g-import-not-at-top
+  return gin
+
+
+class _QuietGinLookups(logging.Filter):
+  """gin logs 'Path not found' for every search path it tries before the one that has the file."""
+
+  def filter(self, record):
+    return not str(record.getMessage()).startswith("Path not found")
+
+
+_QUIET_LOOKUPS = _QuietGinLookups()
+
+
+def first_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  if not lines:
+    return type(e).__name__
+  # gin appends "In file ..., line N" context: keep it on the same line.
+  return "; ".join(lines[:3])
+
+
+def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
+  try:
+    _gin().parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
+  except (ValueError, KeyError, SyntaxError, IOError) as e:
+    raise ConfigError(f"gin: {first_line(e)}") from e
+
+
+def _rank(path: str) -> int:
+  for rank, prefix in enumerate(PACKAGED_ORDER):
+    if path.startswith(prefix):
+      return rank
+  return len(PACKAGED_ORDER)
+
+
+def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
+                ) -> Tuple[List[str], List[str], List[str]]:
+  """(search dirs, packaged files sorted general -> specific, own files in order)."""
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  gin_dir = paths.gin_dir()
+  dirs = [d for p in search_paths for d in p.split(",") if d] + [gin_dir]
+  user_dirs = dirs[:-1]
+
+  def is_packaged(f):
+    return (not os.path.isabs(f) and os.path.exists(os.path.join(gin_dir, f))
+            and not any(os.path.exists(os.path.join(d, f)) for d in user_dirs))
+
+  packaged = [f for f in gin_files if is_packaged(f)]
+  own = [f for f in gin_files if f not in packaged]
+  packaged.sort(key=_rank)  # stable: same-kind files keep their order
+  for f in packaged + own:
+    if not (os.path.exists(f) or any(os.path.exists(os.path.join(d, f)) for d in dirs)):
+      raise ConfigError(f"gin file {f!r} not found (searched ., {', '.join(dirs)})")
+  return dirs, packaged, own
+
+
+def parse(gin_files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str],
+          implied: Sequence[str] = (),
+          find_run_config: Optional[Callable[[], Optional[Tuple[str, str]]]] = None) -> Layers:
+  """Parses the layers above into gin's (cleared) config; not finalized.
+
+  `implied`: packaged run files the command always needs (wiring only). `find_run_config()`,
+  called once everything but a run is parsed (so MODEL_DIR is known), returns (path, text) of
+  the run's config.gin to layer in, or None.
+  """
+  gin = _gin()
+  gin.clear_config()
+  dirs, packaged, own = split_files(gin_files, search_paths)
+  for d in dirs:
+    gin.add_config_file_search_path(d)
+  logging.getLogger().removeFilter(_QUIET_LOOKUPS)
+  logging.getLogger().addFilter(_QUIET_LOOKUPS)
+  defaults = [DEFAULTS_FILE] + [f for f in implied if f != DEFAULTS_FILE]
+  packaged = [f for f in packaged if f not in defaults]  # parsed once, first
+  layers = Layers(defaults=defaults, packaged=packaged, own=own, bindings=list(bindings))
+  _parse(defaults + packaged)
+  _parse(own, bindings)
+  run = find_run_config() if find_run_config else None
+  if run is None:
+    return layers
+
+  path, text = run
+  gin.clear_config()
+  _parse(defaults)
+  before = snapshot()
+  set_by: Dict[Key, str] = {}
+  for f in packaged:
+    _parse([f])
+    after = snapshot()
+    set_by.update({k: f for k in changed(before, after)})
+    before = after
+  try:
+    gin.parse_config(text)
+  except (ValueError, KeyError, SyntaxError, IOError) as e:
+    raise ConfigError(f"{path}: {first_line(e)}") from e
+  layers.run_config = path
+  layers.run_values = snapshot()
+  for key, f in sorted(set_by.items()):
+    if not _same(layers.run_values.get(key, _MISSING), before.get(key, _MISSING)):
+      layers.notes.append(f"{path} keeps {show(layers.run_values, key)}: {f}'s "
+                          f"{_value(before, key)} does not apply to this run")
+  _parse(own, bindings)
+  return layers
+
+
+# ===== Bindings as data =====
+
+def snapshot() -> Dict[Key, Any]:
+  """Every binding gin holds now: {(scope, selector, parameter): value}."""
+  config = _gin().config._CONFIG  # pylint: disable=protected-access
+  return {(scope, selector, param): value
+          for (scope, selector), params in config.items() for param, value in params.items()}
+
+
+def _same(a, b) -> bool:
+  return repr(a) == repr(b)  # gin references compare by what they print (@f(), %MACRO)
+
+
+def changed(before: Mapping[Key, Any], after: Mapping[Key, Any]) -> List[Key]:
+  return sorted(k for k in set(before) | set(after)
+                if not _same(before.get(k, _MISSING), after.get(k, _MISSING)))
+
+
+def name(key: Key) -> str:
+  scope, selector, param = key
+  if selector == "gin.macro":
+    return scope
+  return f"{scope + '/' if scope else ''}{selector}.{param}"
+
+
+def _value(values: Mapping[Key, Any], key: Key) -> str:
+  value = values.get(key, _MISSING)
+  return "unset" if value is _MISSING else repr(value)
+
+
+def show(values: Mapping[Key, Any], key: Key) -> str:
+  """'PROMPT_LENGTH=8', 'prompt_jax.model_spec.prompt=@prompt_jax.dpt()', 'X unset'."""
+  value = values.get(key, _MISSING)
+  return f"{name(key)} unset" if value is _MISSING else f"{name(key)}={value!r}"
+
+
+@contextlib.contextmanager
+def reverted(key: Key, values: Mapping[Key, Any]) -> Iterator[None]:
+  """Temporarily gives `key` its value in `values` (or unbinds it)."""
+  config = _gin().config._CONFIG  # pylint: disable=protected-access
+  scope, selector, param = key
+  created = (scope, selector) not in config
+  entry = config.setdefault((scope, selector), {})
+  old = entry.get(param, _MISSING)
+  if key in values:
+    entry[param] = values[key]
+  else:
+    entry.pop(param, None)
+  try:
+    yield
+  finally:
+    if old is _MISSING:
+      entry.pop(param, None)
+    else:
+      entry[param] = old
+    if created and not entry:
+      del config[(scope, selector)]
+
+
+def contradiction(run_values: Mapping[Key, Any], problem_fn: Callable[[], Optional[str]],
+                  where: str) -> Optional[str]:
+  """One line when the configuration contradicts the run's checkpoint, naming the overrides.
+
+  `problem_fn()` says what does not fit (None: it fits) under the current bindings. The
+  overrides are the bindings that differ from the run's (`run_values`); those that make it fit
+  when reverted alone are named, e.g. "PROMPT_LENGTH=16 contradicts the checkpoint in /r
+  (trained with PROMPT_LENGTH=8): drop the override or use a new MODEL_DIR".
+  """
+  problem = problem_fn()
+  if problem is None:
+    return None
+  final = snapshot()
+  overrides = changed(run_values, final)
+
+  def problem_without(key):
+    with reverted(key, run_values):
+      try:
+        return problem_fn()
+      except Exception as e:  # pylint: disable=broad-except
+        return f"{type(e).__name__}: {e}"  # reverting one binding alone can leave others dangling
+
+  without = {k: problem_without(k) for k in overrides}
+  culprits = ([k for k in overrides if without[k] is None]
+              or [k for k in overrides if without[k] != problem])
+  if not culprits:
+    return (f"the configuration contradicts the checkpoint in {where}: {problem}; use the "
+            f"run's own settings or a new MODEL_DIR")
+  verb = "contradicts" if len(culprits) == 1 else "contradict"
+  return (f"{', '.join(show(final, k) for k in culprits)} {verb} the checkpoint in {where} "
+          f"(trained with {', '.join(show(run_values, k) for k in culprits)}): drop the "
+          f"override or use a new MODEL_DIR")

@@ -1,0 +1,148 @@
+"""gin layering that cannot surprise (cli + layering), paths made absolute, our lines only."""
+import os
+
+import gin
+import pytest
+
+from prompt_jax import cli
+from prompt_jax import layering
+from prompt_jax import paths
+from prompt_jax.train import summaries
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  yield
+  gin.clear_config()
+
+
+def _macro(name):
+  return gin.query_parameter(f"%{name}")
+
+
+@pytest.mark.parametrize("files", [["runs/embedded_default.gin", "runs/prompt_eval.gin"],
+                                   ["runs/prompt_eval.gin", "runs/embedded_default.gin"],
+                                   ["runs/embedded_default.gin", "runs/prompt_infer.gin",
+                                    "runs/prompt_finetune.gin"]])
+@pytest.mark.parametrize("command", [None, "eval"])  # None: no implied run file parsed first
+def test_a_packaged_run_file_does_not_override_the_embedded_default(files, command):
+  """The issue's trap: runs/prompt_eval.gin used to set PROMPT_LENGTH = 100 over the run's 8."""
+  cli.parse_gin(files, [], [], command=command)
+  assert _macro("PROMPT_LENGTH") == 8 and _macro("BATCH_SIZE") == 32
+  assert _macro("MIXTURE_OR_TASK_NAME") == "embedded_last_letter"
+
+
+def test_a_method_file_wins_over_run_files_in_any_order_and_keeps_the_run_values():
+  for files in (["prompts/dpt.gin", "runs/embedded_default.gin", "runs/prompt_eval.gin"],
+                ["runs/prompt_eval.gin", "runs/embedded_default.gin", "prompts/dpt.gin"]):
+    cli.parse_gin(files, [], [], command="eval")
+    from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+    spec = run_setup.model_spec().prompt
+    assert type(spec).__name__ == "DPTSpec" and spec.length == 8 and spec.rank == 8
+    gin.clear_config()
+
+
+def test_including_a_run_file_after_your_values_cannot_clobber_them(tmp_path):
+  mine = tmp_path / "mine.gin"
+  mine.write_text("PROMPT_LENGTH = 5\nBATCH_SIZE = 4\nDROPOUT_RATE = 0.3\n"
+                  "include 'prompts/prefix.gin'\n"
+                  "include 'runs/prompt_finetune.gin'\ninclude 'runs/prompt_eval.gin'\n")
+  cli.parse_gin(["models/embedded_tiny.gin", str(mine)], [], [], command="eval")
+  assert (_macro("PROMPT_LENGTH"), _macro("BATCH_SIZE"), _macro("DROPOUT_RATE")) == (5, 4, 0.3)
+  # prompts/prefix.gin's AdamW survives the run file included after it.
+  assert repr(gin.query_parameter("prompt_jax.train.optimizer")) == "@prompt_jax.adamw()"
+
+
+@pytest.mark.parametrize("run_file", ["prompt_finetune.gin", "prompt_eval.gin",
+                                      "prompt_infer.gin"])
+def test_packaged_run_files_bind_no_values_only_wiring(run_file):
+  """What makes the layering safe: after runs/defaults.gin, a run file adds only references
+  (%MACRO, @configurable) and rebinds nothing defaults.gin bound."""
+  gin.add_config_file_search_path(paths.gin_dir())
+  cli._register_configurables()  # pylint: disable=protected-access
+  gin.parse_config_files_and_bindings([layering.DEFAULTS_FILE], [], finalize_config=False)
+  before = layering.snapshot()
+  gin.parse_config_files_and_bindings([f"runs/{run_file}"], [], finalize_config=False)
+  after = layering.snapshot()
+  added = layering.changed(before, after)
+  assert added, "the run file wires something"
+  for key in added:
+    assert key not in before, f"{run_file} rebinds {layering.name(key)}"
+    assert isinstance(after[key], gin.config.ConfigurableReference), (
+        f"{run_file} binds a value: {layering.show(after, key)}; move it to runs/defaults.gin")
+
+
+def test_relative_paths_become_absolute_urls_stay(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  cli.parse_gin(["runs/embedded_default.gin"],
+                ["MODEL_DIR = 'runs/exp1'", "PROMPT_FILE = '~/p.npy'",
+                 "CHECKPOINT_PATH = 'gs://bucket/run/checkpoints/3'", "DATA_DIR = 'data'"],
+                [], command="train")
+  assert _macro("MODEL_DIR") == str(tmp_path / "runs" / "exp1")
+  assert _macro("PROMPT_FILE") == os.path.expanduser("~/p.npy")
+  assert _macro("CHECKPOINT_PATH") == "gs://bucket/run/checkpoints/3"
+  assert _macro("DATA_DIR") == str(tmp_path / "data")
+  assert os.listdir(tmp_path) == []  # parsing writes nothing
+
+
+@pytest.mark.parametrize("command,macro", [("train", "MODEL_DIR"), ("eval", "MODEL_DIR"),
+                                           ("eval", "PROMPT_FILE")])
+def test_an_empty_path_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys,
+                                                                command, macro):
+  monkeypatch.chdir(tmp_path)
+  flags = ["--gin_file=runs/embedded_default.gin", "--gin.MODEL_DIR='run'", f"--gin.{macro}=''"]
+  assert cli.main([command, *flags]) == 2
+  captured = capsys.readouterr()
+  assert captured.err == (f"prompt-jax {command}: error: {macro} is empty (an unset shell "
+                          f"variable?): set --gin.{macro}=\"'/a/path'\""
+                          + ("" if macro == "MODEL_DIR" else " or None") + "\n")
+  assert captured.out == "" and os.listdir(tmp_path) == []
+
+
+def test_verbose_adds_the_traceback_to_the_one_line(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  flags = ["--gin_file=runs/embedded_default.gin", "--gin.MODEL_DIR=''"]
+  assert cli.main(["train", *flags]) == 2
+  assert "Traceback" not in capsys.readouterr().err
+  assert cli.main(["train", *flags, "--verbose"]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in err
+  assert err.splitlines()[-1].startswith("prompt-jax train: error: MODEL_DIR is empty")
+
+
+def test_an_unexpected_error_is_one_line_exit_1_traceback_with_verbose(monkeypatch, capsys):
+  def boom(args):
+    raise RuntimeError("boom\nsecond line")
+  monkeypatch.setitem(cli._COMMANDS, "describe", boom)  # pylint: disable=protected-access
+  argv = ["describe", "--gin_file=models/embedded_tiny.gin"]
+  assert cli.main(argv) == 1
+  assert capsys.readouterr().err == ("prompt-jax describe: error: RuntimeError: boom "
+                                     "(--verbose shows the traceback)\n")
+  assert cli.main(argv + ["--verbose"]) == 1
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.splitlines()[-1] == "prompt-jax describe: error: RuntimeError: boom"
+
+
+def test_progress_meter_lines_and_eta():
+  now = [0.0]
+  lines = []
+  meter = summaries.Meter("eval", 100, period_s=10.0, clock=lambda: now[0], emit=lines.append)
+  now[0] = 5.0
+  assert meter.update(10) is None  # less than period_s since the start: silent
+  now[0] = 10.0
+  # 20 examples in 10 s = 2.0/s; 80 left -> 40 s.
+  assert meter.update(20) == "eval: 20/100 examples (20%) 2.0 examples/s ETA 00:00:40"
+  now[0] = 15.0
+  assert meter.update(30) is None  # 5 s after the last line
+  now[0] = 40.0
+  assert meter.update(100) is None  # done: the command's own last line follows
+  assert lines == ["eval: 20/100 examples (20%) 2.0 examples/s ETA 00:00:40"]
+
+
+def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):
+  assert cli.main(["eval", f"--gin.MODEL_DIR='{tmp_path}/nothing_here'"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {tmp_path}/nothing_here holds no "
+                        f"trained run (no config.gin): point it at a run's directory, or set "
+                        f"MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, INITIAL_CHECKPOINT_PATH")
+  assert err.count("\n") == 1 and not os.path.exists(tmp_path / "nothing_here")

@@ -1,0 +1,170 @@
+"""A run directory that describes itself: relative MODEL_DIR, a DPT run evaluated / exported /
+described from MODEL_DIR alone, overrides that contradict the checkpoint, export's fold table."""
+import contextlib
+import io
+import os
+
+import numpy as np
+import pytest
+
+from prompt_jax import cli
+from prompt_jax.errors import ConfigError
+from prompt_jax.evaluation import export
+from prompt_jax.models import get_config
+from prompt_jax.prompts import residual
+from prompt_jax.prompts import prefix
+from prompt_jax.prompts import specs
+from prompt_jax import run_setup
+from prompt_jax.train import run_dir
+from tests import numerics
+from tests.train import common
+
+
+def run_cli(argv):
+  """(exit code, stdout, stderr) of `prompt-jax <argv>` in this process."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(list(argv))
+  return code, out.getvalue(), err.getvalue()
+
+
+def test_relative_model_dir_trains_and_resumes_from_another_directory(tmp_path, monkeypatch):
+  first, second = tmp_path / "a", tmp_path / "b"
+  first.mkdir()
+  second.mkdir()
+  monkeypatch.chdir(first)
+  code, out, err = run_cli(["train"] + common.flags("runs/exp1", 2))
+  assert code == 0, err
+  model_dir = first / "runs" / "exp1"
+  assert sorted(os.listdir(model_dir / "checkpoints")) == ["1", "2"]
+  assert f"'{model_dir}'" in (model_dir / "config.gin").read_text()  # absolute, as resumed
+  assert out.splitlines()[-1].startswith(f"checkpoint {model_dir}/checkpoints/2; prompt ")
+  monkeypatch.chdir(second)  # the same run, resumed from elsewhere by its absolute path
+  code, out, err = run_cli(["train"] + common.flags(str(model_dir), 4))
+  assert code == 0, err
+  assert f"restored step 2 from {model_dir}/checkpoints" in out
+  assert os.path.isdir(model_dir / "checkpoints" / "4" / "state")
+  assert not np.array_equal(common.prompt_at(str(model_dir), 2), common.prompt_at(str(model_dir), 4))
+  assert os.listdir(second) == []
+
+
+@pytest.fixture(scope="module")
+def dpt_run(tmp_path_factory):
+  """3 steps of DPT (rank 4, not the method file's 8) on the embedded default."""
+  model_dir = str(tmp_path_factory.mktemp("dpt"))
+  code, out, err = run_cli(["train"] + common.flags(model_dir, 3, "--gin_file=prompts/dpt.gin",
+                                                    "--gin.DPT_RANK=4"))
+  assert code == 0, err
+  return model_dir, out
+
+
+def _accuracy(out: str) -> str:
+  line = next(l for l in out.splitlines() if l.startswith("final metrics: "))
+  return line.split("embedded_last_letter/accuracy=")[1].split()[0]
+
+
+def test_dpt_run_ends_with_its_arrays_and_describes_itself(dpt_run):
+  model_dir, out = dpt_run
+  assert out.splitlines()[-1].startswith(
+      f"checkpoint {model_dir}/checkpoints/3; prompt arrays in "
+      f"{model_dir}/numpy_checkpoints/checkpoint_3; TensorBoard: ")
+  code, out, err = run_cli(["describe", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
+  assert f"run {model_dir}: checkpoint step 3" in out
+  assert "encoder/prompt/prompt/a" in out and "(8, 4)" in out and "(4, 64)" in out
+  assert "trainable parameters: 288" in out  # r (P + H) = 4 (8 + 64)
+
+
+def test_eval_of_a_dpt_run_is_unchanged_by_its_method_and_run_files(dpt_run):
+  model_dir, _ = dpt_run
+  code, alone, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64"])
+  assert code == 0, err
+  code, layered, err = run_cli(["eval", "--gin_file=prompts/dpt.gin",
+                                "--gin_file=runs/prompt_eval.gin",
+                                f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64"])
+  assert code == 0, err
+  assert _accuracy(layered) == _accuracy(alone)
+  assert (f"note: {model_dir}/config.gin keeps DPT_RANK=4: prompts/dpt.gin's 8 does not apply "
+          f"to this run") in layered
+
+
+def test_an_override_contradicting_the_dpt_checkpoint_names_both_values(dpt_run):
+  model_dir, _ = dpt_run
+  code, out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.DPT_RANK=2"])
+  assert code == 2 and out == ""
+  assert err == (f"prompt-jax eval: error: DPT_RANK=2 contradicts the checkpoint in {model_dir} "
+                 f"(trained with DPT_RANK=4): drop the override or use a new MODEL_DIR\n")
+  code, _, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'", "--gin.PROMPT_LENGTH=3"])
+  assert code == 2 and "PROMPT_LENGTH=3 contradicts" in err and "PROMPT_LENGTH=8)" in err
+
+
+def test_export_folds_dpt_and_the_folded_prompt_evaluates_the_same(dpt_run):
+  model_dir, _ = dpt_run
+  code, out, err = run_cli(["export", "--format=npy", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
+  path = os.path.join(model_dir, "export", "prompt_step3.npy")
+  assert out.splitlines()[-1] == f"wrote prompt [8, 64] float32 of checkpoint step 3 to {path}"
+  exported = np.load(path)
+  numpy_dir = run_dir.resolve(model_dir).numpy_dir
+  a = np.load(os.path.join(numpy_dir, "encoder.prompt.prompt.a.npy"))
+  b = np.load(os.path.join(numpy_dir, "encoder.prompt.prompt.b.npy"))
+  # A·B in float32 and float64: the bound is derived from float32's own error (tests/numerics).
+  numerics.assert_close(exported, a @ b, a.astype(np.float64) @ b.astype(np.float64),
+                        what="exported DPT prompt")
+  # The folded prompt as plain prompt tuning (PROMPT_FILE) predicts as the DPT run does.
+  code, dpt_out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64"])
+  assert code == 0, err
+  code, file_out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64",
+                                 f"--gin.PROMPT_FILE='{path}'"])
+  assert code == 0, err
+  assert _accuracy(file_out) == _accuracy(dpt_out)
+  # --output names the file.
+  mine = os.path.join(model_dir, "mine.npy")
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'", f"--output={mine}"])
+  assert code == 0 and out.splitlines()[-1].endswith(f"to {mine}"), err
+  np.testing.assert_array_equal(np.load(mine), exported)
+
+
+# ===== export's fold table, without training =====
+
+CONFIG = get_config("t5_1_1_small", emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,
+                    num_encoder_layers=2, num_decoder_layers=2, vocab_size=260)
+
+
+def _params(spec):
+  import jax  # pylint: disable=g-import-not-at-top
+  model = run_setup.build_model(CONFIG, spec)
+  inputs = run_setup.model_inputs(1, {"inputs": 8, "targets": 4})
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  return trees.unbox(model.init(jax.random.PRNGKey(0), *inputs, enable_dropout=False)["params"])
+
+
+@pytest.mark.parametrize("spec,method", [(specs.idpg_prompt(length=4, bottleneck=8), "IDPG"),
+                                         (specs.ipt_prompt(length=4), "IPT")])
+def test_export_refuses_input_dependent_methods_in_one_line(spec, method):
+  with pytest.raises(ConfigError, match=f"^{method} generates its prompt from each input"):
+    export.fold(spec, CONFIG, {})
+
+
+def test_export_folds_residual_through_its_fold_function():
+  spec = specs.residual_prompt(length=4, bottleneck=8, separate_mlps=True)
+  params = _params(spec)
+  folded = export.fold(spec, CONFIG, params)
+  # The table passes the spec's bottleneck and separate_mlps: the same program, so exact.
+  expected = residual.fold(params["encoder"]["prompt"]["prompt"], 8, True)
+  assert list(folded) == ["prompt"] and folded["prompt"].shape == (4, 64)
+  np.testing.assert_array_equal(folded["prompt"], np.asarray(expected))
+
+
+def test_export_stacks_deep_prefix_key_and_value():
+  spec = specs.deep_prefix(length=3, hidden=16, decoder=True)
+  params = _params(spec)
+  folded = export.fold(spec, CONFIG, params)
+  assert sorted(folded) == ["decoder_prefix", "prefix"]
+  for name, stack in (("prefix", "encoder"), ("decoder_prefix", "decoder")):
+    module = prefix.DeepPrefix(length=3, num_layers=2, num_heads=4, head_dim=16, emb_dim=64,
+                               hidden=16)
+    direct = prefix.fold(params[stack]["layer_prompts"], module)
+    assert folded[name].shape == (2, 2, 3, 64)  # [key/value, L, P, heads * head_dim]
+    np.testing.assert_array_equal(folded[name][0], np.asarray(direct["key"]))
+    np.testing.assert_array_equal(folded[name][1], np.asarray(direct["value"]))
