@@ -78,9 +78,10 @@ def evaluate(*, model_dir: Optional[str] = None,
              prompt_file: Optional[str] = None, num_partitions: int = 1,
              model: Optional[run_setup.ModelSpec] = None) -> Dict[str, float]:
   """seqio.Evaluator metrics (rank classification when the task declares its labels)."""
+  decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
                  prompt_file, num_partitions, model)
-  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=0)
+  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=0, decoding_cfg=decoding_cfg)
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   return metrics
 
@@ -92,6 +93,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
           model: Optional[run_setup.ModelSpec] = None) -> str:
   """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}."""
+  decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, checkpoint_path,
                  prompt_file, num_partitions, model)
   task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
@@ -103,7 +105,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
   labels = inference.label_set(task.name)
   tokens = inference.predict_tokens(run, inputs, batch_size=dataset_cfg.batch_size,
                                     max_decode_length=dataset_cfg.task_feature_lengths["targets"],
-                                    labels=labels, vocabulary=vocabulary)
+                                    labels=labels, vocabulary=vocabulary,
+                                    decoding_cfg=decoding_cfg)
   out = os.path.join(model_dir, "inference", f"{task.name}-{dataset_cfg.split}.jsonl")
   if jax.process_index() == 0:
     os.makedirs(os.path.dirname(out), exist_ok=True)

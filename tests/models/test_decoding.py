@@ -1,5 +1,9 @@
 """Beam search and target scoring from one encoder output, against teacher-forced references."""
 import functools
+import os
+import pathlib
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -278,3 +282,21 @@ def test_label_scores_run_the_encoder_once_per_example():
   flops_new = _flops(new, params, enc, LABELS)
   encoder = _flops(functools.partial(decoding.encode, model), params, enc)
   assert flops_old - flops_new >= (c - 1) * encoder, (flops_old, flops_new, encoder)
+
+
+def test_beam_search_and_label_scores_on_a_4x2_mesh_equal_one_device(tmp_path):
+  script = pathlib.Path(__file__).parents[1] / "sharded_decoding_check.py"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = tmp_path / "decoded.npz"
+  proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                        env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = np.load(out)
+  np.testing.assert_array_equal(r["sharded_tokens"], r["single_tokens"])
+  np.testing.assert_array_equal(r["single64_tokens"], r["single_tokens"])
+  assert len(set(_lengths(r["single_tokens"]).ravel())) > 1
+  # Model-parallel contractions sum in another order: bounded by the single-device float32
+  # error against float64 (tests/numerics.py).
+  for name in ("scores", "label_scores"):
+    numerics.assert_close(r[f"sharded_{name}"], r[f"single_{name}"], r[f"single64_{name}"],
+                          what=f"4 x 2 mesh {name}")
