@@ -23,8 +23,12 @@ from prompt_jax.tasks import sources
 TFDS_VERSION = "2.0.0"
 
 # TFDS config -> (benchmark name, local folder under glue/, split -> file).
+# MRPC: the files TFDS builds it from (GLUE's train.tsv / dev.tsv lose the row numbers of
+# msr_paraphrase_train.txt, which are TFDS's and T5's `idx`).
 _CONFIGS = {
-    "mrpc": ("mrpc", "MRPC", {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}),
+    "mrpc": ("mrpc", "MRPC", {"train": "msr_paraphrase_train.txt",
+                              "validation": "msr_paraphrase_train.txt",
+                              "test": ("msr_paraphrase_test.txt", "test.tsv")}),
     "qqp": ("qqp", "QQP", {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}),
     "sst2": ("sst2", "SST-2", {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}),
     "mnli": ("mnli", "MNLI", {
@@ -63,6 +67,15 @@ def source(config: str, splits=None) -> sources.LocalOrTfdsSource:
   if splits is not None:
     files = {split: files[split] for split in splits}
   columns = readers.GLUE_COLUMNS[benchmark][0]
+  if benchmark == "mrpc":
+    read = {split: functools.partial(readers.read_mrpc, split=split) for split in files}
+    how_to_get = ("put the official MRPC files there: msr_paraphrase_train.txt, "
+                  f"msr_paraphrase_test.txt and GLUE's {readers.MRPC_DEV_IDS} (what GLUE's "
+                  "download_glue_data.py fetches; TFDS numbers `idx` by their rows)")
+  else:
+    read = functools.partial(readers.read_glue, config=benchmark)
+    how_to_get = (f"put the official GLUE {folder} files ({', '.join(files.values())}) there "
+                  f"(gluebenchmark.com/tasks)")
   return sources.LocalOrTfdsSource(
       f"GLUE {folder}",
       splits=tuple(files),
@@ -70,11 +83,10 @@ def source(config: str, splits=None) -> sources.LocalOrTfdsSource:
       local=sources.LocalFiles(
           folder=f"glue/{folder}",
           files=files,
-          read=functools.partial(readers.read_glue, config=benchmark),
+          read=read,
           features={**{feature: tf.string for feature in columns},
                     "label": tf.int64, "idx": tf.int32},
-          how_to_get=(f"put the official GLUE {folder} files ({', '.join(files.values())}) there "
-                      f"(gluebenchmark.com/tasks)")))
+          how_to_get=how_to_get))
 
 
 def _text_preprocessor(config: str):

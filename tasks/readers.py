@@ -234,6 +234,53 @@ def read_glue(path, config: str) -> List[Example]:
   return examples
 
 
+MRPC_DEV_IDS = "dev_ids.tsv"
+
+
+def read_mrpc(path, split: str) -> List[Example]:
+  """MRPC from the files TFDS `glue/mrpc` builds it from, numbered as TFDS numbers it.
+
+  train / validation: the rows of `msr_paraphrase_train.txt` whose (#1 ID, #2 ID) are (validation)
+  or are not (train) listed in `dev_ids.tsv` beside it; test: `msr_paraphrase_test.txt` (label
+  -1, as TFDS) or GLUE's `test.tsv` (the same rows in the same order). `idx` is the row number
+  in the file read (header excluded), so predictions join with TFDS's and T5's outputs.
+  """
+  path = pathlib.Path(path)
+  dev_ids = None
+  if split != "test":
+    ids_path = path.parent / MRPC_DEV_IDS
+    if not ids_path.exists():
+      raise FileNotFoundError(
+          f"GLUE MRPC: {ids_path} does not exist; put GLUE's MRPC {MRPC_DEV_IDS} beside "
+          f"{path.name} (it says which rows are the validation split)")
+    with open(ids_path, encoding="utf-8", newline="") as f:
+      dev_ids = {tuple(row[:2]) for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+                 if row}
+  examples = []
+  with open(path, encoding="utf-8-sig", newline="") as f:  # the official files start with a BOM
+    reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    missing = [c for c in ("#1 ID", "#2 ID", "#1 String", "#2 String")
+               if c not in (reader.fieldnames or ())]
+    if missing:
+      raise _fail(path, 1, f"header lacks column(s) {missing} (it has {reader.fieldnames})")
+    for n, row in enumerate(reader):
+      line = reader.line_num
+      ex = {"sentence1": _field(row, "#1 String", path, line),
+            "sentence2": _field(row, "#2 String", path, line), "idx": n}
+      if dev_ids is None:
+        ex["label"] = NO_LABEL
+      else:
+        is_dev = (_field(row, "#1 ID", path, line), _field(row, "#2 ID", path, line)) in dev_ids
+        if is_dev != (split == "validation"):
+          continue
+        quality = _int(_field(row, "Quality", path, line), "Quality", path, line)
+        if quality not in (0, 1):
+          raise _fail(path, line, f"Quality is {quality}, expected 0 or 1")
+        ex["label"] = quality  # 0 not_equivalent, 1 equivalent
+      examples.append(ex)
+  return examples
+
+
 # ============================== Text classification ===============================================
 def read_label_sentence_csv(path, labels: Sequence[str]) -> List[Example]:
   """LM-BFF's `original/<task>/{train,test}.csv`: rows `label,sentence`, no header."""

@@ -10,6 +10,7 @@ files laid out like ../shared/data:
   <data_dir>/super_glue/<Task>/{train,val,test}.jsonl      (official SuperGLUE zips, unpacked)
   <data_dir>/super_glue/AX-b/AX-b.jsonl, AX-g/AX-g.jsonl
   <data_dir>/glue/<TASK>/{train,dev,test}.tsv              (official GLUE; MNLI: dev_matched...)
+  <data_dir>/glue/MRPC/msr_paraphrase_{train,test}.txt, dev_ids.tsv   (TFDS's MRPC sources)
   <data_dir>/mrqa/{train,dev}/<Name>.jsonl.gz              (MRQA 2019 shared-task files)
   <data_dir>/{mr,cr,subj,mpqa}/{train,test}.csv            (LM-BFF `original` files)
   <data_dir>/ag_news/{train,test}.csv, imdb/{train,test}/{neg,pos}/*.txt
@@ -79,13 +80,15 @@ class LocalFiles:
   Attributes:
     folder: folder relative to the data dir, e.g. "super_glue/RTE".
     files: split -> file name inside `folder` (or candidate names, the first existing wins).
-    read: parses one file into TFDS-shaped example dicts (see `readers`).
+    read: parses one file into TFDS-shaped example dicts (see `readers`); or split -> such a
+      parser, when splits share a file (MRPC's train and validation).
     features: dtypes of the example dicts, used to build the `tf.data.Dataset`.
     how_to_get: one clause telling the user how to fill `folder`.
   """
   folder: str
   files: Mapping[str, Union[str, Sequence[str]]]
-  read: Callable[[pathlib.Path], List[Dict[str, Any]]]
+  read: Union[Callable[[pathlib.Path], List[Dict[str, Any]]],
+              Mapping[str, Callable[[pathlib.Path], List[Dict[str, Any]]]]]
   features: FeatureSpec
   how_to_get: str
 
@@ -212,7 +215,8 @@ class LocalOrTfdsSource(seqio.DataSource):
 
   def local_examples(self, split: str) -> List[Dict[str, Any]]:
     """The parsed examples of `split` from the local files."""
-    return _read_cached(self.local_path(split), self.local.read)
+    read = self.local.read
+    return _read_cached(self.local_path(split), read[split] if isinstance(read, Mapping) else read)
 
   def get_dataset(self,
                   split: str = "train",

@@ -1,1 +1,1 @@
-"""Inference evaluation: seqio.Evaluator driven by greedy decoding or rank classification."""
+"""Inference evaluation: seqio.Evaluator driven by decoding (greedy, beam) or rank classification."""

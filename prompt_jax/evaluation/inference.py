@@ -1,25 +1,37 @@
-"""Predictions for seqio: greedy decoding (KV cache) or rank classification over a label set.
+"""Predictions for seqio: greedy or beam-search decoding (KV cache), or rank classification.
 
-`predict_tokens(run, batches)` returns one token list per example; rank classification scores
-each label text as the target (teacher forced, summed log-likelihood) and predicts the best, so
-the task's postprocessor and metrics apply unchanged.
+`predict_tokens(run, encoder_inputs, ...)` returns one token list per example: tasks with a label
+set are rank-classified (each label text scored as the target, teacher forced, summed
+log-likelihood; the best predicted, so the task's postprocessor and metrics apply unchanged),
+others are decoded as `DecodingConfig` says (gin: `prompt_jax.decoding_config.method = 'beam'`,
+`.beam_size`, `.alpha`; see gin/decoding/beam.gin). The encoder runs once per example in every
+case. The row-level pieces (`label_scores`, `decode_rows`) take any [N, T] rows, e.g. examples x
+prompts of an ensemble, and return arrays over those rows.
 """
-import functools
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import seqio
 
 from prompt_jax import partitioning
 from prompt_jax import trees
 from prompt_jax.models import decoding
+from prompt_jax.models.decoding import DecodingConfig
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import summaries
 
 _EVALUATORS: Dict[tuple, seqio.Evaluator] = {}
+EOS_ID = 1
+
+
+@gin.configurable(module="prompt_jax")
+def decoding_config(method: str = "greedy", beam_size: int = 4,
+                    alpha: float = 0.6) -> DecodingConfig:
+  """The gin-configured decoding of eval, infer and training's inference evaluation."""
+  return DecodingConfig(method=method, beam_size=beam_size, alpha=alpha)
 
 
 def label_set(task_name: str) -> Optional[List[str]]:
@@ -32,21 +44,11 @@ def label_set(task_name: str) -> Optional[List[str]]:
   return list(labels) if labels else None
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _score(model, params, encoder_input_tokens, targets):
-  """Summed log-likelihood [B] of `targets` [B, L] given the inputs."""
-  decoder_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))  # shift right, BOS = 0
-  logits = model.apply({"params": params}, encoder_input_tokens, decoder_inputs, targets,
-                       enable_dropout=False).astype(jnp.float32)  # [B, L, V]
-  logp = jax.nn.log_softmax(logits)
-  token = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # [B, L]
-  return jnp.sum(token * (targets > 0), axis=-1)
-
-
-def _label_tokens(labels: Sequence[str], vocabulary) -> np.ndarray:
-  ids = [list(vocabulary.encode(l)) + [1] for l in labels]  # + EOS
+def label_tokens(labels: Sequence[str], vocabulary) -> np.ndarray:
+  """[C, L] token ids of each label text + EOS, 0-padded."""
+  ids = [list(vocabulary.encode(l)) + [EOS_ID] for l in labels]
   width = max(len(i) for i in ids)
-  return np.array([i + [0] * (width - len(i)) for i in ids], np.int32)  # [C, L]
+  return np.array([i + [0] * (width - len(i)) for i in ids], np.int32)
 
 
 def _local_rows(x: np.ndarray) -> np.ndarray:
@@ -61,43 +63,77 @@ def _gather(x) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
-def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
-                   labels: Optional[Sequence[str]] = None, vocabulary=None,
-                   progress: Optional[str] = None) -> List[List[int]]:
-  """Predicted target tokens for every row of `encoder_inputs` [N, T] (same on all processes).
-
-  `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines.
-  """
-  params = trees.merge(run.trainable, run.frozen)
+def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
+             progress: Optional[str] = None) -> Iterator[Tuple[int, jax.Array]]:
+  """(rows in this batch, [batch_size, T] global array on the data axis) per batch of rows.
+  `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines."""
   sharding = partitioning.data_sharding(run.mesh)
-  label_ids = _label_tokens(labels, vocabulary) if labels else None
-  out: List[List[int]] = []
   meter = summaries.Meter(progress, encoder_inputs.shape[0]) if progress else None
   for begin in range(0, encoder_inputs.shape[0], batch_size):
     chunk = encoder_inputs[begin:begin + batch_size]
-    n = chunk.shape[0]
     padded = np.zeros((batch_size,) + chunk.shape[1:], np.int32)
-    padded[:n] = chunk
-    enc = jax.make_array_from_process_local_data(sharding, _local_rows(padded))
-    with partitioning.axis_rules(run.mesh):
-      if label_ids is None:
-        tokens = _gather(decoding.greedy_decode(run.model, params, enc, max_decode_length))
-        for row in tokens[:n]:
-          row = list(row)
-          out.append(row[:row.index(1)] if 1 in row else [t for t in row if t])
-      else:
-        scores = []
-        for c in range(label_ids.shape[0]):
-          tgt = np.tile(label_ids[c][None], (batch_size, 1))
-          tgt = jax.make_array_from_process_local_data(sharding, _local_rows(tgt))
-          scores.append(_gather(_score(run.model, params, enc, tgt)))
-        best = np.argmax(np.stack(scores, axis=-1), axis=-1)  # [B]
-        for b in best[:n]:
-          row = list(label_ids[b])
-          out.append(row[:row.index(1)])
+    padded[:chunk.shape[0]] = chunk
+    yield chunk.shape[0], jax.make_array_from_process_local_data(sharding, _local_rows(padded))
     if meter is not None:
-      meter.update(len(out))
-  return out
+      meter.update(begin + chunk.shape[0])
+
+
+def label_scores(run, encoder_inputs: np.ndarray, label_ids: np.ndarray, *,
+                 batch_size: int, progress: Optional[str] = None) -> np.ndarray:
+  """[N, C] summed log-likelihood of each label [C, L] (from `label_tokens`) for every row of
+  `encoder_inputs` [N, T]; the encoder runs once per row (same on all processes)."""
+  params = trees.merge(run.trainable, run.frozen)
+  out = []
+  with partitioning.axis_rules(run.mesh):
+    for n, enc in _batches(run, encoder_inputs, batch_size, progress):
+      out.append(_gather(decoding.score_targets(run.model, params, enc, label_ids))[:n])
+  return np.concatenate(out) if out else np.zeros((0, label_ids.shape[0]), np.float32)
+
+
+def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
+                decoding_cfg: Optional[DecodingConfig] = None, progress: Optional[str] = None
+                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+  """Decoded tokens [N, max_decode_length] (EOS, then 0) of every row of `encoder_inputs`
+  [N, T], and for beam search the best beam's score [N] (None for greedy)."""
+  cfg = decoding_cfg or DecodingConfig()
+  params = trees.merge(run.trainable, run.frozen)
+  tokens, scores = [], []
+  with partitioning.axis_rules(run.mesh):
+    for n, enc in _batches(run, encoder_inputs, batch_size, progress):
+      if cfg.method == "beam":
+        beams, beam_scores = decoding.beam_decode(run.model, params, enc, max_decode_length,
+                                                  beam_size=cfg.beam_size, alpha=cfg.alpha)
+        tokens.append(_gather(beams)[:n, 0])
+        scores.append(_gather(beam_scores)[:n, 0])
+      else:
+        tokens.append(_gather(decoding.greedy_decode(run.model, params, enc,
+                                                     max_decode_length))[:n])
+  empty = np.zeros((0, max_decode_length), np.int32)
+  return (np.concatenate(tokens) if tokens else empty,
+          np.concatenate(scores) if scores else None)
+
+
+def _until_eos(row) -> List[int]:
+  row = [int(t) for t in row]
+  return row[:row.index(EOS_ID)] if EOS_ID in row else [t for t in row if t]
+
+
+def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
+                   labels: Optional[Sequence[str]] = None, vocabulary=None,
+                   decoding_cfg: Optional[DecodingConfig] = None,
+                   progress: Optional[str] = None) -> List[List[int]]:
+  """Predicted target tokens (without EOS) for every row of `encoder_inputs` [N, T]: the best
+  label when `labels` are given (rank classification), else decoded by `decoding_cfg` (default
+  greedy). Same on all processes. `progress`: a label for progress lines on long work."""
+  if labels:
+    label_ids = label_tokens(labels, vocabulary)  # [C, L]
+    best = np.argmax(label_scores(run, encoder_inputs, label_ids, batch_size=batch_size,
+                                  progress=progress), -1)
+    return [_until_eos(label_ids[b]) for b in best]
+  tokens, _ = decode_rows(run, encoder_inputs, batch_size=batch_size,
+                          max_decode_length=max_decode_length, decoding_cfg=decoding_cfg,
+                          progress=progress)
+  return [_until_eos(row) for row in tokens]
 
 
 def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Evaluator:
@@ -119,8 +155,11 @@ def _as_float(value) -> float:
 
 
 def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: int,
-             rank_classification: Optional[bool] = None) -> Dict[str, float]:
-  """seqio.Evaluator metrics of the task(s) of `cfg` (rank classification if labels exist)."""
+             rank_classification: Optional[bool] = None,
+             decoding_cfg: Optional[DecodingConfig] = None) -> Dict[str, float]:
+  """seqio.Evaluator metrics of the task(s) of `cfg` (rank classification if labels exist, else
+  decoding by `decoding_cfg`, default the gin-configured `decoding_config()`)."""
+  decoding_cfg = decoding_cfg or decoding_config()
   log_dir = os.path.join(model_dir, summaries.INFERENCE_EVAL_DIR) if model_dir else None
   evaluator = _evaluator(cfg, log_dir)
   max_decode_length = cfg.task_feature_lengths["targets"]
@@ -136,7 +175,7 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
     vocabulary = evaluator.eval_tasks[0].output_features["targets"].vocabulary
     tokens = predict_tokens(run, inputs, batch_size=cfg.batch_size,
                             max_decode_length=max_decode_length, labels=labels,
-                            vocabulary=vocabulary, progress="eval")
+                            vocabulary=vocabulary, decoding_cfg=decoding_cfg, progress="eval")
     return list(zip(indices, tokens))
 
   all_metrics, _ = evaluator.evaluate(compute_metrics=jax.process_index() == 0, step=step,

@@ -98,11 +98,12 @@ def evaluate(*, model_dir: Optional[str] = None,
   """seqio.Evaluator metrics (rank classification when the task declares its labels), logged to
   TensorBoard at the checkpoint's step (MODEL_DIR/inference_eval/<task>, beside training's
   curve) and written as JSON."""
+  decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
   step = source.step or 0
-  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step)
+  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step, decoding_cfg=decoding_cfg)
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   out = None
   if model_dir and jax.process_index() == 0:
@@ -146,6 +147,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
   With `inputs` (texts, `--input` on the command line): predicts those instead, prints
   'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
   """
+  decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
@@ -170,7 +172,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
   labels = inference.label_set(task.name)
   tokens = inference.predict_tokens(run, tokens_in, batch_size=dataset_cfg.batch_size,
                                     max_decode_length=dataset_cfg.task_feature_lengths["targets"],
-                                    labels=labels, vocabulary=vocabulary, progress="infer")
+                                    labels=labels, vocabulary=vocabulary, progress="infer",
+                                    decoding_cfg=decoding_cfg)
   predictions = [vocabulary.decode([int(t) for t in pred]) for pred in tokens]
   out = os.path.join(model_dir, INFERENCE_DIR, name)
   if jax.process_index() == 0:

@@ -1,4 +1,6 @@
 """GLUE, zero-shot QQP <-> MRPC and sentence classification: exact strings, label mapping."""
+import csv
+
 import pytest
 
 from prompt_jax import tasks
@@ -21,6 +23,61 @@ def test_mrpc(data_root):
 
 def test_mrpc_train_has_the_official_example_count(data_root):
   assert tasks.get_task("glue_mrpc_v002").source.num_input_examples("train") == 3668
+
+
+def _tsv_rows(path):
+  with open(path, encoding="utf-8-sig", newline="") as f:
+    return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def _examples(split):
+  ds = tasks.get_task("glue_mrpc_v002").source.get_dataset(split, shuffle=False)
+  return list(ds.as_numpy_iterator())
+
+
+def test_mrpc_idx_is_the_row_number_tfds_gives(data_root):
+  """TFDS `glue/mrpc` (tensorflow_datasets/text/glue.py `_generate_example_mrpc_files`) numbers
+  train and validation by their row in msr_paraphrase_train.txt (validation = the rows whose IDs
+  dev_ids.tsv lists) and test by its row in msr_paraphrase_test.txt; T5's outputs carry that idx."""
+  folder = data_root / "glue" / "MRPC"
+  rows = _tsv_rows(folder / "msr_paraphrase_train.txt")  # 4076 pairs
+  with open(folder / "dev_ids.tsv", encoding="utf-8") as f:
+    dev_ids = {tuple(line.split()) for line in f if line.strip()}
+  validation, train = _examples("validation"), _examples("train")
+  assert (len(validation), len(train)) == (408, 3668)
+  assert validation[0]["idx"] == 9  # msr_paraphrase_train.txt line 11 (header = line 1)
+  assert text_examples("glue_mrpc_v002", "validation", 1)[0]["idx"] == 9  # reaches the task
+  assert sorted(ex["idx"] for ex in validation + train) == list(range(len(rows)))
+  for split, examples in (("validation", validation), ("train", train)):
+    for ex in examples:
+      row = rows[ex["idx"]]
+      assert ((row["#1 ID"], row["#2 ID"]) in dev_ids) == (split == "validation")
+      assert ex["sentence1"].decode() == row["#1 String"]
+      assert ex["sentence2"].decode() == row["#2 String"]
+      assert ex["label"] == int(row["Quality"])
+  # GLUE's dev.tsv holds the validation rows in the same order and with the same text.
+  assert [(r["#1 String"], r["#2 String"]) for r in _tsv_rows(folder / "dev.tsv")] == [
+      (ex["sentence1"].decode(), ex["sentence2"].decode()) for ex in validation]
+  test = _examples("test")
+  assert [ex["idx"] for ex in test] == [int(r["index"]) for r in _tsv_rows(folder / "test.tsv")]
+  assert {ex["label"] for ex in test} == {-1}
+
+
+def test_mrpc_without_msr_paraphrase_files_says_what_to_add(tmp_path, write_file):
+  write_file(tmp_path / "glue/MRPC/dev.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n")
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(FileNotFoundError,
+                     match="needs .*glue/MRPC/msr_paraphrase_train.txt, which does not exist; put "
+                           "the official MRPC files there: msr_paraphrase_train.txt, "
+                           "msr_paraphrase_test.txt and GLUE's dev_ids.tsv") as error:
+    _first("glue_mrpc_v002")
+  assert "\n" not in str(error.value)
+  write_file(tmp_path / "glue/MRPC/msr_paraphrase_train.txt",
+             "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b .\tA c .\n")
+  with pytest.raises(FileNotFoundError, match="MRPC: .*dev_ids.tsv does not exist; put GLUE's"):
+    _first("glue_mrpc_v002")
+  write_file(tmp_path / "glue/MRPC/dev_ids.tsv", "1\t2\n")
+  assert _first("glue_mrpc_v002") == ("mrpc sentence1: A b . sentence2: A c .", "equivalent")
 
 
 def test_sst2_keeps_the_file_text(data_root):

@@ -204,6 +204,45 @@ def test_greedy_decoding_predictions(trained):
   assert all(len(g) <= 4 and 1 not in g for g in greedy)
 
 
+def test_beam_and_rank_predictions_through_the_mesh(trained):
+  """predict_tokens / decode_rows / label_scores on the run's mesh, with a partial last batch."""
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models.decoding import DecodingConfig  # pylint: disable=g-import-not-at-top
+  _, (_, run, _) = trained
+  inputs = np.zeros((6, 16), np.int32)
+  for i, (text, _) in enumerate(task.examples("validation")[:6]):
+    ids = list(task.VOCABULARY.encode(text)) + [1]
+    inputs[i, :len(ids)] = ids
+  kw = dict(batch_size=4, max_decode_length=4)  # batches of 4 and 2 (+ 2 padding rows)
+  greedy = inference.predict_tokens(run, inputs, **kw)
+  beam1 = inference.predict_tokens(run, inputs, decoding_cfg=DecodingConfig("beam", 1, 0.0),
+                                   **kw)
+  assert beam1 == greedy  # beam 1 with alpha 0 is greedy, row for row
+  tokens, scores = inference.decode_rows(run, inputs, decoding_cfg=DecodingConfig("beam", 3),
+                                         **kw)
+  assert tokens.shape == (6, 4) and scores.shape == (6,)
+  assert (scores < 0).all()
+  label_ids = inference.label_tokens(list("abcd"), task.VOCABULARY)  # [4, 2]
+  label_scores = inference.label_scores(run, inputs, label_ids, batch_size=4)
+  assert label_scores.shape == (6, 4) and (label_scores < 0).all()
+  ranked = inference.predict_tokens(run, inputs, labels=list("abcd"), vocabulary=task.VOCABULARY,
+                                    **kw)
+  best = np.argmax(label_scores, axis=1)
+  assert ranked == [[int(label_ids[b, 0])] for b in best]
+
+
+def test_bad_beam_size_is_a_one_line_error_before_loading(trained):
+  model_dir, _ = trained
+  _assert_error(["eval", "--gin_file=runs/prompt_eval.gin", "--gin_file=decoding/beam.gin",
+                 "--gin_file=models/embedded_tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                 "--gin.MIXTURE_OR_TASK_NAME='embedded_last_letter'",
+                 "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+                 "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+                 "--gin.prompt_jax.decoding_config.beam_size=0"], model_dir,
+                "beam_size must be an integer >= 1, got 0")
+
+
 def test_help_lists_t5x_flags(capsys):
   with pytest.raises(SystemExit):
     cli.main(["train", "--help"])

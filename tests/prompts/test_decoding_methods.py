@@ -1,0 +1,33 @@
+"""Beam search with every prompt method: the encoder output (prompt positions and their mask
+included) computed once and repeated to the beams, decoder key/value prefixes on the beam rows."""
+import numpy as np
+import pytest
+
+from prompt_jax import run_setup
+from prompt_jax.models import decoding
+from tests.models import test_decoding
+from tests.prompts import helpers
+from tests.prompts.test_specs import SPECS  # every method, as the spec tests build them
+
+METHODS = dict(SPECS, prompt_tuning=run_setup.prompt_tuning(length=4))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_beam_scores_equal_the_teacher_forced_model(name):
+  model = run_setup.build_model(helpers.TINY, METHODS[name])
+  # Method parameters moved off their initialisation, so the prompt changes the outputs.
+  params = helpers.perturbed(helpers.init(model), regex=r".*(prompt|layer_prompts).*")
+  params = test_decoding.decodable(params, eos=(0, 1.0))
+  test_decoding.check_scores_are_penalised_log_likelihoods(model, params, alpha=0.6,
+                                                           beam_size=3, check_float64=False)
+
+
+def test_decoder_prefixes_beam_1_is_greedy():
+  """Deep prefix tuning's decoder hook: its prefixes reach all B * K decoder rows."""
+  model = run_setup.build_model(helpers.TINY, SPECS["prefix_encoder_and_decoder"])
+  params = helpers.perturbed(helpers.init(model), regex=r".*layer_prompts.*")
+  params = test_decoding.decodable(params, eos=(0, 1.0))
+  enc = helpers.batch()[0]
+  greedy = np.asarray(decoding.greedy_decode(model, params, enc, 6))
+  tokens, _ = decoding.beam_decode(model, params, enc, 6, beam_size=1, alpha=0.0)
+  np.testing.assert_array_equal(np.asarray(tokens)[:, 0], greedy)
