@@ -33,9 +33,13 @@ def test_dpt_count_is_r_times_p_plus_h_in_any_order(capsys, method_first):
 
 @pytest.mark.parametrize("method,bindings,formula", [
     ("residual", ["PROMPT_LENGTH=10"], 10 * H + (2 * H * 400 + 400 + 3 * H)),
-    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None"], 2 * L * 10 * D),
-    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],
+    # Encoder prefixes only (prefix.gin's default also prefixes the decoder: below).
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None", "PREFIX_DECODER=False"],
+     2 * L * 10 * D),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32", "PREFIX_DECODER=False"],
      10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],  # encoder and decoder (8 + 8 layers)
+     2 * (10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D)),
 ])
 def test_method_count_equals_its_formula(capsys, method, bindings, formula):
   count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
