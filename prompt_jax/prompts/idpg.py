@@ -156,7 +156,7 @@ class IDPG(Method):
       bias_init = nn.initializers.zeros
     else:
       init = self.kernel_init or nn.initializers.normal(0.05)
-      rule_axes = ("prompt_phm",) * 3
+      rule_axes = ("prompt_phm", "prompt_phm_in", "prompt_phm_out")
       rule_in = param("phm_rule", nn.initializers.normal(0.05), (n, n, n), rule_axes)
       rule_out = rule_in if self.phm_shared_rules else param(
           "phm_rule_out", nn.initializers.normal(0.05), (n, n, n), rule_axes)

@@ -190,7 +190,7 @@ class LSTM(nn.Module):
       p = lambda *a, layer=layer: _param(self, self.pretrained, "lstm", f"layer{layer}_{a[0]}",
                                          *a[1:])
       wi = p("wi", init, (xs.shape[-1], 4 * m), ("prompt_embed", "prompt_mlp"))
-      wh = p("wh", init, (m, 4 * m), ("prompt_mlp", "prompt_mlp"))
+      wh = p("wh", init, (m, 4 * m), ("prompt_mlp_in", "prompt_mlp"))
       b = p("bias", nn.initializers.zeros, (4 * m,), ("prompt_mlp",))
       gates_in = xs @ wi + b  # [B, T, 4m]
 
@@ -210,12 +210,13 @@ class LSTM(nn.Module):
     return h  # [B, m]
 
 
-def _dense(module, pretrained: Pretrained, name, x, features, in_axis="prompt_mlp"):
+def _dense(module, pretrained: Pretrained, name, x, features, in_axis="prompt_mlp_in"):
+  """A hidden linear layer [in, m] (in_axis: 'prompt_embed' from the rows, else m -> m)."""
   kernel = _param(module, pretrained, "", f"{name}_kernel", nn.initializers.lecun_normal(),
-                  (x.shape[-1], features), (in_axis, "prompt_embed"))
+                  (x.shape[-1], features), (in_axis, "prompt_mlp"))
   bias = _param(module, pretrained, "", f"{name}_bias", nn.initializers.zeros, (features,),
-                ("prompt_embed",))
-  return x @ kernel + bias
+                ("prompt_mlp",))
+  return x @ kernel + bias  # [B, features]
 
 
 class TextEncoder(nn.Module):
@@ -231,8 +232,8 @@ class TextEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, rows: Array, valid: Array, deterministic: bool = True) -> Array:
-    dense = lambda name, x, n, in_axis="prompt_mlp": _dense(self, self.pretrained, name, x, n,
-                                                            in_axis)
+    dense = lambda name, x, n, in_axis="prompt_mlp_in": _dense(self, self.pretrained, name, x,
+                                                               n, in_axis)
     if self.kind == "textcnn":
       feats = TextCNN(tuple(self.widths), self.filters, self.pretrained, name="cnn")(rows, valid)
     elif self.kind == "lstm":

@@ -69,10 +69,10 @@ def _svd_parts(prompt: Array, rank: int) -> Tuple[Array, Array, Array]:
 
 
 class RankProbe(Method):
-  """[P, H] prompt = U · ReLU(diag(s)) · Vᵀ, from the SVD of `init`'s prompt (s > 0)."""
+  """[P, H] prompt = U · ReLU(diag(s)) · Vᵀ, from the SVD of `prompt_init`'s prompt (s > 0)."""
   length: int
   rank: int
-  init: initializers.PromptInit = initializers.uniform_init()
+  prompt_init: initializers.PromptInit = initializers.uniform_init()
 
   @nn.compact
   def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True,
@@ -80,9 +80,10 @@ class RankProbe(Method):
     del input_tokens, deterministic, context
     h_dim, k = embedded.shape[-1], self.rank
     check_rank(k, self.length, h_dim, "rank-probe rank k")
-    # U, s and V come from one SVD: one key for the initial prompt, drawn only while initialising.
-    key = self.make_rng("params") if self.is_initializing() else None
-    parts = lambda i: (lambda rng, shape: _svd_parts(self.init(key, (self.length, h_dim)), k)[i])
+    # U, s and V come from one SVD: one key for the initial prompt, drawn while initialising
+    # (otherwise Flax only evaluates the initialisers' shapes: any key will do).
+    key = self.make_rng("params") if self.is_initializing() else jax.random.PRNGKey(0)
+    parts = lambda i: (lambda rng, shape: _svd_parts(self.prompt_init(key, (self.length, h_dim)), k)[i])
     u = self.param("u", nn.with_logical_partitioning(parts(0), ("prompt", "prompt_rank")),
                    (self.length, k))  # [P, k]
     s = self.param("s", nn.with_logical_partitioning(parts(1), ("prompt_rank",)), (k,))  # [k]

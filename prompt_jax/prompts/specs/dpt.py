@@ -87,7 +87,7 @@ class RankProbeSpec(base.MethodSpec):
   def method(self, backbone):
     return base.partial(low_rank.RankProbe, length=self.length,
                         rank=self.rank_for(backbone.config),
-                        init=base.resolve_init(self.init, backbone))
+                        prompt_init=base.resolve_init(self.init, backbone))
 
   def num_trainable_params(self, config):
     return low_rank.num_trainable_params_probe(self.length, config.emb_dim, self.rank_for(config))
