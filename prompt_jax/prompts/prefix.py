@@ -151,9 +151,10 @@ def word_activations(config, params, tokens, decoder: bool = False) -> Tuple[Arr
   side, attention = ("decoder", "self_attention") if decoder else ("encoder", "attention")
   num_layers = config.num_decoder_layers if decoder else config.num_encoder_layers
 
-  def wanted(module, method_name):
-    return (method_name == "__call__" and module.name in ("key", "value")
-            and module.parent is not None and module.parent.name == attention)
+  def wanted(module, method_name):  # .../layers_i/<attention>/{key,value}
+    path = module.path
+    return (method_name == "__call__" and len(path) >= 2 and path[-1] in ("key", "value")
+            and path[-2] == attention)
 
   def run(params, tokens):
     dec_in = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)))  # shifted right, BOS = 0
