@@ -15,7 +15,7 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 """
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import gin

@@ -23,7 +23,7 @@ input-level method module for hooks that share its parameters).
 passes one (the trainer caches it per example), else runs the frozen encoder once per call.
 """
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax

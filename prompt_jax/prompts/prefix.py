@@ -94,12 +94,11 @@ class DeepPrefix(nn.Module):
                                        deterministic=deterministic, context=inputs)
     w1 = p("wi_kernel", dense_init, (self.emb_dim, self.hidden), ("prompt_embed", "prompt_mlp"))
     b1 = p("wi_bias", nn.initializers.zeros, (self.hidden,), ("prompt_mlp",))
-    w2_init = dense_init
-    if targets is not None and self.source is None:
-      def w2_init(rng, shp):  # least squares: tanh(E·W1 + b1)·W2 = real-word activations
-        del rng, shp
-        hidden = jnp.tanh(emb @ w1 + b1)  # [P, m]
-        return jnp.linalg.lstsq(hidden, _flat_kv(*map(jnp.asarray, targets())))[0]
+    def words_w2(rng, shp):  # least squares: tanh(E·W1 + b1)·W2 = the words' activations
+      del rng, shp
+      hidden = jnp.tanh(emb @ w1 + b1)  # [P, m]
+      return jnp.linalg.lstsq(hidden, _flat_kv(*map(jnp.asarray, targets())))[0]
+    w2_init = words_w2 if targets is not None and self.source is None else dense_init
     w2 = p("wo_kernel", w2_init, (self.hidden, 2 * self.num_layers * d),
            ("prompt_mlp", "prompt_embed"))
     b2 = p("wo_bias", nn.initializers.zeros, (2 * self.num_layers * d,), ("prompt_embed",))

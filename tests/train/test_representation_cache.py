@@ -3,7 +3,6 @@ per run on a static task (none in later epochs), and training with the cache is 
 it."""
 import gin
 import numpy as np
-import pytest
 import seqio
 import tensorflow as tf
 

@@ -3,7 +3,7 @@
 gin: `prompt_jax.deep_prefix` (gin/prompts/prefix.gin, prefix_ipt.gin).
 """
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 import gin
 import numpy as np
