@@ -31,6 +31,7 @@ Trainable parameters (`encoder/prompt/prompt/...`), n = 1 for dense layers:
   rules·n³ (phm) + a·(H·m + m·P·H)/n + a·m + b·P·H,
   a = L for version L else 1; b = 1 for S-IDPG and version S else L; rules = 1 shared, 2 not.
 """
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -75,6 +76,11 @@ def num_trainable_params_multilayer(length: int, emb_dim: int, bottleneck: int, 
                                     phm_n: int = 1, phm_shared_rules: bool = True) -> int:
   return num_trainable_params(length, emb_dim, bottleneck, layer_type, phm_n, num_layers,
                               version, phm_shared_rules)
+
+
+def _per_layer(init, rng, shape):
+  """[L, ...] from L draws of `init` for shape[1:], one key per layer."""
+  return jnp.stack([init(jax.random.fold_in(rng, i), tuple(shape[1:])) for i in range(shape[0])])
 
 
 def masked_mean(x: Array, valid: Array) -> Array:
@@ -144,8 +150,10 @@ class IDPG(Method):
     per_w, per_b = self.version == "L", self.version != "S"
 
     def param(name, init, shape, axes, per_layer=False):
-      if per_layer:
+      if per_layer:  # one draw of `init` per layer (initialisers like the sampled vocabulary
+        # read the shape as [P, H])
         shape, axes = (self.num_layers,) + tuple(shape), ("prompt_layers",) + tuple(axes)
+        init = functools.partial(_per_layer, init)
       value = self.param(name, nn.with_logical_partitioning(init, axes), shape)
       return value[layer] if per_layer else value
 

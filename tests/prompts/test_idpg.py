@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from prompt_jax.models import T5
-from prompt_jax.prompts import idpg, phm, seam
+from prompt_jax.prompts import idpg, initializers, phm, seam, specs
 from prompt_jax.prompts.tuning import PromptTuning
 from tests import numerics
 from tests.prompts import helpers
@@ -170,3 +170,17 @@ def test_multilayer_idpg_with_zero_weights_is_prompt_tuning_with_its_biases():
     moved = helpers.logits(model, dict(params, encoder=dict(params["encoder"], prompt={
         "prompt": no_b1})))
     assert np.abs(np.asarray(moved) - np.asarray(helpers.logits(model, params))).max() > 1e-4
+
+
+def test_multilayer_idpg_draws_each_layers_output_bias_from_its_initialiser():
+  """The per-layer task prompts b2_l come from the spec's initialiser one layer at a time: with
+  the sampled vocabulary, every row of every b2_l is a row of the frozen embedding table."""
+  table = np.asarray(helpers.frozen()["token_embedder"]["embedding"])
+  spec = specs.idpg_multilayer(length=P, bottleneck=8, version="M",
+                               prompt_init=initializers.from_sampled_vocab(population_size=64))
+  model = T5(helpers.TINY, **spec.model_kwargs(specs.Backbone(helpers.TINY, embedding=table)))
+  b2 = np.asarray(helpers.init_prompted(model)["encoder"]["prompt"]["prompt"]["prompt"])
+  assert b2.shape == (2, P, 16)
+  for row in b2.reshape(-1, 16):
+    assert np.any(np.all(table == row, axis=1))
+  assert not np.array_equal(b2[0], b2[1])  # one draw per layer
