@@ -296,7 +296,7 @@ def _register_configurables() -> None:
   # Importing registers every gin configurable the packaged gin files name.
   import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.evaluation.run  # pylint: disable=g-import-not-at-top,unused-import
-  import prompt_jax.prompts.initializers  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.prompts.specs  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.tasks  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.train.describe  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.train.loop  # pylint: disable=g-import-not-at-top,unused-import

@@ -42,7 +42,10 @@ PROMPT_RULES: LogicalRules = (
     ("prompt_rank", None),
     ("prompt_mlp", None),
     ("prompt_vocab", None),  # IPT's [V, H] table
-    ("prompt_phm", None),  # PHM's n x n rule matrices
+    ("prompt_phm", None),  # PHM's n x n rule matrices (and their count)
+    ("prompt_phm_in", None),
+    ("prompt_phm_out", None),
+    ("prompt_mlp_in", None),  # the input side of a square [m, m] kernel (LSTM recurrence)
     ("prompt_kernel", None),  # TextCNN kernel widths
 )
 

@@ -2,7 +2,12 @@
 
   prompt_jax.t5_config.preset = 't5_1_1_large'           (gin/models/*.gin)
   prompt_jax.prompt_tuning.length = %PROMPT_LENGTH       (gin/runs/defaults.gin)
-  prompt_jax.prompt_tuning.init = @prompt_jax.from_class_labels()   (gin/prompts/*.gin)
+  prompt_jax.model_spec.prompt = @prompt_jax.dpt()       (gin/prompts/<method>.gin; default:
+                                                          prompt tuning, prompts/specs/tuning.py)
+
+The prompt is a method spec (`prompts.specs.MethodSpec`): it says what trains, what input length
+it needs, how many parameters it has and which modules the model gets; nothing here knows a
+method by name.
 
 `prepare(...)` validates the configuration and restores the frozen backbone (sharded, never a
 whole-model init) *before* anything is written to MODEL_DIR, so a bad configuration leaves no
@@ -10,7 +15,7 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 """
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import gin
@@ -25,8 +30,6 @@ from prompt_jax import trees
 from prompt_jax import vocab as vocab_lib
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5, T5Config, get_config
-from prompt_jax.prompts import initializers
-from prompt_jax.prompts import PromptTuning, prompt_factory
 from prompt_jax.prompts import specs
 
 Array = jax.Array
@@ -63,34 +66,11 @@ def t5_config(preset: str = gin.REQUIRED, dropout_rate: Optional[float] = None,
     raise ConfigError(str(e)) from e
 
 
-@dataclasses.dataclass(frozen=True)
-class PromptSpec:
-  """A prompt method before the frozen embedding is known: length, init spec, placement."""
-  length: int
-  init: Callable = None  # spec(embedding, vocabulary) -> (rng, shape) -> array
-  placement: str = "prefix"
-
-  def factory(self, embedding=None, vocabulary=None):
-    """What `T5(config, prompt=...)` takes; `embedding=None` for shapes only."""
-    if self.length < 1:
-      raise ConfigError(f"PROMPT_LENGTH must be >= 1, got {self.length}")
-    spec = self.init or initializers.uniform()
-    init = spec(embedding, vocabulary) if embedding is not None else initializers.uniform()()
-    method = lambda name: PromptTuning(length=self.length, init=init, name=name)
-    return prompt_factory(method, self.length, self.placement)
-
-
-@gin.configurable(module="prompt_jax")
-def prompt_tuning(length: int = 100, init: Optional[Callable] = None,
-                  placement: str = "prefix") -> PromptSpec:
-  """Lester et al.'s prompt tuning: one learned [length, emb_dim] prompt (prefix by default)."""
-  return PromptSpec(length, init, placement)
-
-
-def build_model(config: T5Config, prompt, embedding=None, vocabulary=None) -> T5:
-  """T5 with the prompt of `prompt` (a PromptSpec or any prompts.specs method spec): the
-  input-level prompt and, for deep methods, the per-layer hooks."""
-  return T5(config, **specs.model_kwargs(prompt, config, embedding, vocabulary))
+def build_model(config: T5Config, prompt: Optional[specs.MethodSpec], embedding=None,
+                vocabulary=None, params=None) -> T5:
+  """T5 with the modules of the method spec `prompt` (input-level prompt, per-layer hooks);
+  `embedding`/`vocabulary`/`params` (the frozen backbone) None: shapes only."""
+  return T5(config, **specs.model_kwargs(prompt, config, embedding, vocabulary, params))
 
 
 DEFAULT_PROMPT = "prompt_tuning"  # model_spec's default: Lester et al.'s prompt tuning
@@ -100,7 +80,7 @@ DEFAULT_PROMPT = "prompt_tuning"  # model_spec's default: Lester et al.'s prompt
 class ModelSpec:
   """The model of a run (t5x's MODEL): backbone config, prompt, what trains, frozen dtype."""
   config: T5Config
-  prompt: Optional[PromptSpec]
+  prompt: Optional[specs.MethodSpec]
   trainable_regex: str
   frozen_dtype: str = "float32"
 
@@ -119,9 +99,9 @@ def model_spec(config: Optional[T5Config] = None, prompt: Any = DEFAULT_PROMPT,
   `trainable_regex` (TRAINABLE_REGEX) None: the prompt method's own regex.
   """
   if prompt is DEFAULT_PROMPT:
-    prompt = prompt_tuning()
+    prompt = specs.prompt_tuning()
   if trainable_regex is None:
-    trainable_regex = getattr(prompt, "trainable_regex", DEFAULT_TRAINABLE_REGEX)
+    trainable_regex = prompt.trainable_regex if prompt is not None else DEFAULT_TRAINABLE_REGEX
   return ModelSpec(config if config is not None else t5_config(), prompt, trainable_regex,
                    frozen_dtype)
 
@@ -175,7 +155,7 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
                       f"{jax.process_count()} processes")
 
 
-def prepare(*, config: T5Config, prompt: Optional[PromptSpec],
+def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
             feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
             trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
             frozen_dtype: str = "float32") -> Run:
@@ -186,7 +166,7 @@ def prepare(*, config: T5Config, prompt: Optional[PromptSpec],
     except ValueError as e:
       raise ConfigError(str(e)) from e
   if prompt is not None:
-    specs.check_fits(prompt, feature_lengths["inputs"])
+    prompt.check_fits(feature_lengths["inputs"])
   abstract_model = build_model(config, prompt)
   boxed = abstract_variables(abstract_model, feature_lengths)
   shardings = trees.flatten(param_shardings(boxed, mesh))
@@ -211,7 +191,7 @@ def prepare(*, config: T5Config, prompt: Optional[PromptSpec],
 
   embedding = loaded.get("token_embedder/embedding")
   embedding = (np.asarray(_host(embedding), np.float32) if embedding is not None else None)
-  model = build_model(config, prompt, embedding, vocabulary)
+  model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
   fresh = _init(model, feature_lengths, init_rng, shardings, keep=lambda p: p not in backbone)
   params = dict(loaded)
   params.update(fresh)

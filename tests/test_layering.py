@@ -38,7 +38,10 @@ def test_a_method_file_wins_over_run_files_in_any_order_and_keeps_the_run_values
     cli.parse_gin(files, [], [], command="eval")
     from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
     spec = run_setup.model_spec().prompt
-    assert type(spec).__name__ == "DPTSpec" and spec.length == 8 and spec.rank == 8
+    # The method file's paper setting (DPT: P = 100, r = 10) beats the run file's prompt length;
+    # the run's other values stay.
+    assert type(spec).__name__ == "DPTSpec" and spec.length == 100 and spec.rank == 10
+    assert _macro("BATCH_SIZE") == 32 and _macro("MIXTURE_OR_TASK_NAME") == "embedded_last_letter"
     gin.clear_config()
 
 

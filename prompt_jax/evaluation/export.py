@@ -7,8 +7,8 @@
 written to MODEL_DIR/export/ (or --output) from the latest intact checkpoint (or CHECKPOINT_PATH).
 A [P, H] file is what `prompts/from_file.gin` (PROMPT_FILE) and plain prompt tuning read.
 
-`FORMATS` is the one dispatch on --format; `_FOLDS` the one table from a prompt method to the
-`fold` functions of prompts/ (keyed by the method's gin name: `method_name` maps a spec to it).
+`FORMATS` is the one dispatch on --format; each method's spec folds its own parameters
+(`prompts.specs.MethodSpec.fold`).
 """
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -19,84 +19,17 @@ import numpy as np
 from prompt_jax import run_setup
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import run as run_lib
-from prompt_jax.prompts import low_rank
-from prompt_jax.prompts import prefix
-from prompt_jax.prompts import residual
 from prompt_jax.train import run_dir
 
 EXPORT_DIR = "export"
 Params = Mapping[str, Any]  # the trained parameter tree (nested dicts of arrays)
 Fold = Callable[[Any, Any, Params], Dict[str, np.ndarray]]  # (spec, T5Config, params) -> arrays
 
-# Spec class -> the method's gin name (prompts/*.gin binds `prompt_jax.<name>()`). Re-point here
-# when specs change shape (e.g. to a `spec.name`).
-_SPEC_NAMES = {"PromptSpec": "prompt_tuning", "DPTSpec": "dpt", "ResidualSpec": "residual_prompt",
-               "DeepPrefixSpec": "deep_prefix", "IDPGSpec": "idpg_prompt",
-               "MultiLayerIDPGSpec": "idpg_multilayer", "IPTSpec": "ipt_prompt"}
-_INPUT_DEPENDENT = {"idpg_prompt": "IDPG", "idpg_multilayer": "M-IDPG", "ipt_prompt": "IPT"}
-
-
-def method_name(spec) -> str:
-  name = getattr(spec, "name", None) or _SPEC_NAMES.get(type(spec).__name__)
-  if name is None:
-    raise ConfigError(f"export does not know the prompt method {type(spec).__name__}")
-  return name
-
-
-def _input_prompt(params: Params) -> Params:
-  """The input-level method's parameters: `encoder/prompt/prompt/...`."""
-  return params["encoder"]["prompt"]["prompt"]
-
-
-def _prompt_tuning(spec, config, params):
-  del spec, config
-  return {"prompt": _input_prompt(params)["prompt"]}  # [P, H]
-
-
-def _dpt(spec, config, params):
-  del spec, config
-  return {"prompt": low_rank.fold(_input_prompt(params))}  # [P, H]
-
-
-def _residual(spec, config, params):
-  del config
-  return {"prompt": residual.fold(_input_prompt(params), spec.bottleneck,
-                                  spec.separate_mlps)}  # [P, H]
-
-
-def _deep_prefix(spec, config, params):
-  out = {}
-  hooks = [("prefix", "encoder", spec.layer_factory), ("decoder_prefix", "decoder",
-                                                       getattr(spec, "decoder_layer_factory", None))]
-  for name, stack, factory_fn in hooks:
-    factory = factory_fn(config=config) if factory_fn else None
-    if factory is None:
-      continue
-    folded = prefix.fold(params[stack]["layer_prompts"], factory(name=None))
-    out[name] = np.stack([np.asarray(folded["key"]), np.asarray(folded["value"])])  # [2, L, P, D]
-  if spec.input_prompt is not None:
-    out.update(fold(spec.input_prompt, config, params))
-  return out
-
-
-_FOLDS: Dict[str, Fold] = {
-    "prompt_tuning": _prompt_tuning,
-    "dpt": _dpt,
-    "residual_prompt": _residual,
-    "deep_prefix": _deep_prefix,
-}
-
-
 def fold(spec, config, params: Params) -> Dict[str, np.ndarray]:
-  """{file stem: array} of an input-independent method's trained parameters, folded."""
-  name = method_name(spec)
-  if name in _INPUT_DEPENDENT:
-    raise ConfigError(f"{_INPUT_DEPENDENT[name]} generates its prompt from each input: there is "
-                      f"no fixed prompt to export (evaluate or infer with MODEL_DIR instead)")
-  if name not in _FOLDS:
-    raise ConfigError(f"export does not know how to fold the prompt method {name!r}")
-  return {k: np.asarray(jax.device_get(v), np.float32) for k, v in
-          _FOLDS[name](spec, config, params).items()}
+  """{file stem: float32 array} of an input-independent method's trained parameters, folded by
+  its spec (`MethodSpec.fold`; input-dependent methods are refused there in one line)."""
+  return {k: np.asarray(jax.device_get(v), np.float32)
+          for k, v in spec.fold(params, config).items()}
 
 
 def _nested(flat: Mapping[str, np.ndarray]) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import inference
-from prompt_jax.prompts import initializers
+from prompt_jax.prompts import specs
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
@@ -62,8 +62,7 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
                       "MODEL_DIR at a trained run")
   prompt = model.prompt
   if prompt_file and prompt is not None:
-    prompt = run_setup.PromptSpec(prompt.length, initializers.from_file(prompt_file),
-                                 prompt.placement)
+    prompt = specs.from_prompt_file(prompt, prompt_file)
   run = run_setup.prepare(
       config=model.config, prompt=prompt, feature_lengths=dataset_cfg.task_feature_lengths,
       initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,

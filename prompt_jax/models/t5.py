@@ -1,21 +1,29 @@
 """T5 encoder-decoder in Flax linen, with t5x's parameter tree and call signature.
 
 The encoder has one seam for prompts and knows no prompt method by name:
-  * `prompt`: a factory of a module `m(input_tokens [B, T], embedded [B, T, H], deterministic)
-    -> (embedded' [B, T', H], mask [B, T'])` that places prompt embeddings into the embedded input,
-    plus `m.input_mask(input_tokens) -> [B, T']`, the same mask computed from the tokens alone
-    (the decoder's cross-attention and the KV-cache decoder use it);
-  * `layer_prompts`: a factory of a per-layer hook `h(layer, x [B, T', H], deterministic)
-    -> (x' [B, T', H], kv_prefix)` for deep prompts; `kv_prefix` is None or a pair of
-    [B, P, heads, kv] keys/values prepended in that layer's self-attention. A hook whose class
-    sets `wants_inputs = True` is also given `input_tokens` [B, T] and `input_mask` [B, T'] (the
-    validity of x's positions) as keywords, for hooks that pool over the real tokens.
+  * `prompt`: a factory of a module `m(input_tokens [B, T], embedded [B, T, H], deterministic,
+    context=PromptContext) -> (embedded' [B, T', H], mask [B, T'])` that places prompt embeddings
+    into the embedded input, plus `m.input_mask(input_tokens) -> [B, T']` (the same mask from the
+    tokens alone: the decoder's cross-attention and the KV-cache decoder use it) and
+    `m.slots(input_tokens) -> [B, T']` (k + 1 at the k-th prompt position, 0 elsewhere);
+  * `layer_prompts`: a factory of a per-layer hook `h(LayerContext, deterministic)
+    -> (x' [B, T', H], kv_prefix)` called before every encoder layer; `kv_prefix` is None or a pair
+    of [B, P, heads, kv] keys/values prepended in that layer's self-attention.
 Both are called as `factory(name=...)` inside the encoder, so their parameters live under
 `encoder/prompt/...` and `encoder/layer_prompts/...`. An optional `decoder_layer_prompts` hook of
-the same form (no extra inputs) gives key/value prefixes to the decoder's self-attention
-(parameters under `decoder/layer_prompts/...`).
+the same form gives key/value prefixes to the decoder's self-attention (`decoder/layer_prompts/...`;
+its context has no encoder inputs).
+
+Everything a method may read comes in an explicit context (no attribute probing, no walking up
+the module tree): `PromptContext` (the raw input: tokens, embeddings, validity, and
+`representation()`, the frozen encoder's pooled output on the raw input) and `LayerContext` (the
+layer index, its input hidden states and mask, where the input-level prompt sits, and the
+input-level method module for hooks that share its parameters).
+`representation()` returns the batch feature `prompt_representation` [B, H] when the caller
+passes one (the trainer caches it per example), else runs the frozen encoder once per call.
 """
-from typing import Any, Callable, Optional
+import dataclasses
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -26,6 +34,45 @@ from prompt_jax.models.config import T5Config
 
 Array = jax.Array
 ModuleFactory = Callable[..., nn.Module]
+POOLINGS = ("mean", "first")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptContext:
+  """The raw encoder input, as every prompt method and encoder hook sees it."""
+  input_tokens: Array  # [B, T]
+  embedded: Array  # [B, T, H] frozen token embeddings of the raw input
+  input_valid: Array  # [B, T] real (non-padding) tokens
+  # () -> [B, H] (float32 or wider): the frozen encoder's output on the raw input (no prompt, no
+  # dropout, no gradient), pooled by `T5.representation_pooling`.
+  representation: Callable[[], Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerContext:
+  """What a per-layer hook receives before layer `layer` (encoder or decoder)."""
+  layer: int
+  x: Array  # [B, T', H] the layer's input hidden states
+  valid: Optional[Array] = None  # [B, T'] validity of x's positions (encoder only)
+  # [B, T'] int32: k + 1 at the k-th position of the input-level prompt, 0 elsewhere (encoder
+  # with an input-level prompt only).
+  prompt_slots: Optional[Array] = None
+  inputs: Optional[PromptContext] = None  # the raw encoder input (encoder only)
+  # The encoder's input-level method module (bound), for methods whose per-layer part shares
+  # its parameters (M-IDPG); None without an input-level prompt.
+  prompt_method: Optional[nn.Module] = None
+
+
+def pool(x: Array, valid: Array, pooling: str = "mean") -> Array:
+  """[B, T, H], [B, T] -> [B, H]: masked mean over valid positions, or the first valid one."""
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  if pooling == "first":
+    first = jnp.argmax(valid, axis=1)  # [B]
+    return jnp.take_along_axis(x, first[:, None, None], axis=1)[:, 0]
+  if pooling != "mean":
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+  w = valid.astype(x.dtype)[..., None]
+  return (x * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
 
 
 def _dropout(config: T5Config) -> nn.Dropout:
@@ -108,11 +155,12 @@ def _maybe_remat(cls, config: T5Config):
 
 
 class Encoder(nn.Module):
-  """Token embeddings -> prompt seam -> layers (optional per-layer prompts) -> final norm."""
+  """Token embeddings -> prompt seam -> layers (optional per-layer hook) -> final norm."""
   config: T5Config
   shared_embedding: nn.Module
   prompt: Optional[ModuleFactory] = None
   layer_prompts: Optional[ModuleFactory] = None
+  representation_pooling: str = "mean"
 
   def setup(self):
     cfg = self.config
@@ -132,17 +180,49 @@ class Encoder(nn.Module):
       return encoder_input_tokens > 0
     return self.prompt_module.input_mask(encoder_input_tokens)
 
+  def frozen_representation(self, embedded: Array, valid: Array) -> Array:
+    """[B, H]: the frozen layers + final norm on the raw input (no prompt, no hook, no dropout),
+    pooled by `representation_pooling`; no gradient flows into it."""
+    cfg = self.config
+    mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    x = embedded.astype(cfg.dtype)
+    for layer in self.layers:
+      x = layer(x, mask, None, True)  # [B, T, H]
+    x = self.encoder_norm(x)
+    return jax.lax.stop_gradient(pool(x, valid, self.representation_pooling))
+
+  def context(self, encoder_input_tokens: Array, embedded: Array,
+              prompt_representation: Optional[Array] = None) -> PromptContext:
+    """The raw-input context; `representation()` is computed at most once per call."""
+    valid = encoder_input_tokens > 0
+    memo = {}
+
+    def representation() -> Array:
+      if prompt_representation is not None:
+        return jax.lax.stop_gradient(jnp.asarray(prompt_representation))  # [B, H]
+      if "r" not in memo:
+        memo["r"] = self.frozen_representation(embedded, valid)
+      return memo["r"]
+    return PromptContext(encoder_input_tokens, embedded, valid, representation)
+
   def __call__(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True,
+               prompt_representation: Optional[Array] = None) -> Array:
     cfg = self.config
     x = self.shared_embedding(encoder_input_tokens.astype("int32"))  # [batch, T, embed]
-    valid = encoder_input_tokens > 0
+    inputs = self.context(encoder_input_tokens, x, prompt_representation)
+    valid = inputs.input_valid
+    slots, method = None, None
     if self.prompt_module is not None:
       if encoder_mask is not None:
         raise ValueError("packed inputs (segment ids) cannot be combined with a prompt; "
                          "set pack=False in the feature converter.")
-      x, valid = self.prompt_module(encoder_input_tokens, x, deterministic=deterministic)
+      x, valid = self.prompt_module(encoder_input_tokens, x, deterministic=deterministic,
+                                    context=inputs)
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+      if self.layer_prompt_module is not None:
+        slots = self.prompt_module.slots(encoder_input_tokens)  # [batch, T']
+        method = self.prompt_module.prompt
     elif encoder_mask is None:
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = self.dropout(x, deterministic=deterministic)
@@ -150,9 +230,9 @@ class Encoder(nn.Module):
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:
-        inputs = ({"input_tokens": encoder_input_tokens, "input_mask": valid}
-                  if getattr(self.layer_prompt_module, "wants_inputs", False) else {})
-        x, kv_prefix = self.layer_prompt_module(i, x, deterministic=deterministic, **inputs)
+        ctx = LayerContext(layer=i, x=x, valid=valid, prompt_slots=slots, inputs=inputs,
+                           prompt_method=method)
+        x, kv_prefix = self.layer_prompt_module(ctx, deterministic=deterministic)
       x = layer(x, encoder_mask, kv_prefix, deterministic)
     x = self.encoder_norm(x)
     return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
@@ -178,7 +258,7 @@ class Decoder(nn.Module):
     for i in range(cfg.num_decoder_layers):
       kv_prefix = None
       if hook is not None:
-        y, kv_prefix = hook(i, y, deterministic=deterministic)
+        y, kv_prefix = hook(LayerContext(layer=i, x=y), deterministic=deterministic)
       y = layer_cls(cfg, rel_emb, name=f"layers_{i}")(
           y, encoded, decoder_mask, encoder_decoder_mask, deterministic, decode,
           max_decode_length, kv_prefix)
@@ -199,6 +279,9 @@ class T5(nn.Module):
   prompt: Optional[ModuleFactory] = None
   layer_prompts: Optional[ModuleFactory] = None
   decoder_layer_prompts: Optional[ModuleFactory] = None
+  # How the frozen encoder's output is pooled into PromptContext.representation(): "mean" over
+  # real tokens or the "first" token (IDPG's M(x)).
+  representation_pooling: str = "mean"
 
   def setup(self):
     cfg = self.config
@@ -206,12 +289,18 @@ class T5(nn.Module):
                                        dtype=cfg.dtype,
                                        embedding_init=nn.initializers.normal(stddev=1.0))
     self.encoder = Encoder(cfg, self.token_embedder, prompt=self.prompt,
-                           layer_prompts=self.layer_prompts)
+                           layer_prompts=self.layer_prompts,
+                           representation_pooling=self.representation_pooling)
     self.decoder = Decoder(cfg, self.token_embedder, layer_prompts=self.decoder_layer_prompts)
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
-             enable_dropout: bool = True) -> Array:
-    """[batch, T] -> encoded [batch, T', embed] (T' includes prompt positions)."""
+             enable_dropout: bool = True,
+             prompt_representation: Optional[Array] = None) -> Array:
+    """[batch, T] -> encoded [batch, T', embed] (T' includes prompt positions).
+
+    `prompt_representation` [batch, H]: a precomputed `encoder_representation` of these inputs
+    (e.g. cached per example by the trainer); None computes it when a method asks for it.
+    """
     cfg = self.config
     encoder_mask = None
     if encoder_segment_ids is not None:
@@ -220,7 +309,14 @@ class T5(nn.Module):
           layers.make_attention_mask(valid, valid, dtype=cfg.dtype),
           layers.make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal,
                                      dtype=cfg.dtype), dtype=cfg.dtype)
-    return self.encoder(encoder_input_tokens, encoder_mask, deterministic=not enable_dropout)
+    return self.encoder(encoder_input_tokens, encoder_mask, deterministic=not enable_dropout,
+                        prompt_representation=prompt_representation)
+
+  def encoder_representation(self, encoder_input_tokens: Array) -> Array:
+    """[batch, H]: the frozen encoder's pooled output on the raw input (what IDPG reads as M(x)),
+    the value `prompt_representation` stands in for."""
+    embedded = self.token_embedder(encoder_input_tokens.astype("int32"))
+    return self.encoder.frozen_representation(embedded, encoder_input_tokens > 0)
 
   def encoder_input_mask(self, encoder_input_tokens: Array) -> Array:
     """[batch, T'] validity of the encoded positions, for cross-attention."""
@@ -265,10 +361,12 @@ class T5(nn.Module):
                decoder_segment_ids: Optional[Array] = None,
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
-               decode: bool = False, max_decode_length: Optional[int] = None) -> Array:
+               decode: bool = False, max_decode_length: Optional[int] = None,
+               prompt_representation: Optional[Array] = None) -> Array:
     """Teacher-forced logits [batch, target_len, vocab]."""
     del encoder_positions
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout,
+                          prompt_representation)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
                        decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
                        decoder_positions, enable_dropout=enable_dropout, decode=decode,

@@ -4,10 +4,10 @@ Two layers:
   * closures (`*_init`), usable anywhere a Flax initializer is: uniform [0, s), symmetric uniform
     [-s, s], normal, sampled vocabulary, class labels, from a string, from an array or a file.
     Those that need the frozen model close over its embedding table [V, H] and a vocabulary.
+    Method modules use only these (no gin).
   * gin-configurable *specs* (`uniform()`, `from_sampled_vocab()`, ...): `spec(embedding [V, H],
-    vocabulary) -> init`, which the trainer calls once the frozen embedding table is loaded.
+    vocabulary) -> init`, which a method spec calls once the frozen embedding table is loaded.
 """
-import inspect
 import logging
 import os
 from typing import Callable, Optional, Sequence
@@ -18,13 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from prompt_jax.errors import ConfigError
-from prompt_jax.prompts import tuning
 
 Array = jax.Array
+# An initializer is a closure (rng, shape) -> array; it may close over the frozen embedding table.
 PromptInit = Callable[[Array, tuple], Array]
 DEFAULT_POPULATION = 5000
 
-uniform_init = tuning.uniform_init  # uniform on [0, scale): what the original code does
+
+def uniform_init(scale: float = 0.5) -> PromptInit:
+  """Uniform on [0, scale): what the original prompt-tuning code does."""
+  def init(rng, shape):
+    return jax.random.uniform(rng, shape, jnp.float32, 0.0, scale)
+  return init
 
 
 def symmetric_uniform_init(scale: float = 0.5) -> PromptInit:
@@ -233,16 +238,9 @@ def from_file(path: str = gin.REQUIRED):
   return spec
 
 
-def resolve(init_or_spec, embedding=None, vocabulary=None) -> PromptInit:
-  """A closure from either a closure or a spec (specs take keyword `embedding`)."""
-  if init_or_spec is None:
+def resolve(init_spec, embedding=None, vocabulary=None) -> PromptInit:
+  """The closure of an initialiser spec (one of the gin specs above); with no embedding table
+  (shapes only) any closure will do, so uniform."""
+  if init_spec is None or embedding is None:
     return uniform_init()
-  try:
-    params = inspect.signature(init_or_spec).parameters
-  except (TypeError, ValueError):
-    return init_or_spec
-  if "embedding" in params:
-    if embedding is None:  # shapes only: values do not matter
-      return uniform_init()
-    return init_or_spec(embedding=embedding, vocabulary=vocabulary)
-  return init_or_spec
+  return init_spec(embedding=embedding, vocabulary=vocabulary)

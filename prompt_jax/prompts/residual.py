@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from prompt_jax.prompts import initializers
+from prompt_jax.prompts.seam import Method
 
 Array = jax.Array
 
@@ -62,7 +63,7 @@ class ResidualMLP(nn.Module):
     return x + y
 
 
-class ResidualPrompt(nn.Module):
+class ResidualPrompt(Method):
   """A [P, H] prompt P0 passed through a residual MLP."""
   length: int
   bottleneck: int = 400
@@ -71,8 +72,9 @@ class ResidualPrompt(nn.Module):
   init: initializers.PromptInit = initializers.uniform_init()
 
   @nn.compact
-  def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True) -> Array:
-    del input_tokens
+  def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True,
+               context=None) -> Array:
+    del input_tokens, context
     prompt = self.param("prompt",
                         nn.with_logical_partitioning(self.init, ("prompt", "prompt_embed")),
                         (self.length, embedded.shape[-1]))  # [P, H]

@@ -1,9 +1,12 @@
 """The one seam between prompt methods and the frozen model.
 
 A *method* answers "given this batch, what prompt embeddings?":
-  method(input_tokens [B, T], embedded [B, T, H], deterministic) -> prompt [B, P, H] (or [P, H])
-A method whose prompt positions can be empty for some examples (IPT reads them off the input)
-also defines `method.prompt_mask(input_tokens [B, T]) -> [B, P]` (no parameters touched).
+  method(input_tokens [B, T], embedded [B, T, H], deterministic, context=None)
+      -> prompt [B, P, H] (or [P, H])
+`context` is the encoder's `models.PromptContext` (raw input, validity, and `representation()`,
+the frozen encoder's pooled output); methods that need no more than tokens and embeddings ignore
+it. Every method defines `prompt_mask(input_tokens [B, T]) -> [B, P] or None` (None: all P
+positions real; IPT masks positions read off padding), touching no parameters.
 A *placement* decides where they go:
   place(prompt [B?, P, H], embedded [B, T, H], input_tokens [B, T], prompt_mask=None)
       -> (embedded' [B, T+P, H], mask [B, T+P])
@@ -148,6 +151,14 @@ def check_prompt_length(prompt_length: int, inputs_length: int,
         f" or P <= {max_encoder_length - inputs_length}")
 
 
+class Method(nn.Module):
+  """Base of prompt methods: all P prompt positions are real unless a method says otherwise."""
+
+  def prompt_mask(self, input_tokens: Array) -> Optional[Array]:
+    del input_tokens
+    return None
+
+
 class Prompt(nn.Module):
   """A prompt method and its placement, as the encoder's seam module.
 
@@ -163,18 +174,15 @@ class Prompt(nn.Module):
   def setup(self):
     self.prompt = self.method(name="prompt")
 
-  def _prompt_mask(self, input_tokens: Array) -> Optional[Array]:
-    fn = getattr(self.prompt, "prompt_mask", None)
-    return None if fn is None else fn(input_tokens)  # [B, P]
-
-  def __call__(self, input_tokens: Array, embedded: Array,
-               deterministic: bool = True) -> Tuple[Array, Array]:
-    prompt = self.prompt(input_tokens, embedded, deterministic=deterministic)  # [B?, P, H]
+  def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True,
+               context=None) -> Tuple[Array, Array]:
+    prompt = self.prompt(input_tokens, embedded, deterministic=deterministic,
+                         context=context)  # [B?, P, H]
     if prompt.shape[-2] != self.length:
       raise ValueError(f"the prompt method produced {prompt.shape[-2]} positions, "
                        f"expected length={self.length}")
     return get_placement(self.placement)(prompt, embedded, input_tokens,
-                                         self._prompt_mask(input_tokens))
+                                         self.prompt.prompt_mask(input_tokens))
 
   def input_mask(self, input_tokens: Array) -> Array:
     """[B, T + P] mask of the placed sequence, from the tokens alone (no parameters touched)."""
@@ -182,10 +190,20 @@ class Prompt(nn.Module):
     dummy_prompt = jnp.zeros((batch, self.length, 1), jnp.float32)
     dummy_embedded = jnp.zeros((batch, length, 1), jnp.float32)
     return get_placement(self.placement)(dummy_prompt, dummy_embedded, input_tokens,
-                                         self._prompt_mask(input_tokens))[1]
+                                         self.prompt.prompt_mask(input_tokens))[1]
+
+  def slots(self, input_tokens: Array) -> Array:
+    """[B, T + P] int32: k + 1 at the k-th prompt position, 0 at input positions (from the
+    tokens alone), for hooks that act on the prompt positions in every layer (M-IDPG)."""
+    batch, length = input_tokens.shape
+    ids = jnp.broadcast_to(jnp.arange(1, self.length + 1, dtype=jnp.float32)[None, :, None],
+                           (batch, self.length, 1))
+    zeros = jnp.zeros((batch, length, 1), jnp.float32)
+    placed, _ = get_placement(self.placement)(ids, zeros, input_tokens)
+    return placed[..., 0].astype(jnp.int32)
 
 
-class Concat(nn.Module):
+class Concat(Method):
   """Several methods' prompts side by side: e.g. a task prompt followed by an IPT prompt.
 
   Each `methods[i](name=f'part_{i}')` is a method; the prompt is their concatenation along P.
@@ -195,22 +213,22 @@ class Concat(nn.Module):
   def setup(self):
     self.parts = [m(name=f"part_{i}") for i, m in enumerate(self.methods)]
 
-  def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True) -> Array:
+  def __call__(self, input_tokens: Array, embedded: Array, deterministic: bool = True,
+               context=None) -> Array:
     batch = input_tokens.shape[0]
     outs = []
     for part in self.parts:
-      p = part(input_tokens, embedded, deterministic=deterministic)
+      p = part(input_tokens, embedded, deterministic=deterministic, context=context)
       outs.append(jnp.broadcast_to(p, (batch,) + p.shape[-2:]).astype(embedded.dtype))
     return jnp.concatenate(outs, axis=1)  # [B, sum P_i, H]
 
-  def prompt_mask(self, input_tokens: Array) -> Array:
-    masks = []
-    for part in self.parts:
-      fn = getattr(part, "prompt_mask", None)
-      if fn is not None:
-        masks.append(fn(input_tokens))
-      else:  # shapes only: P of a part comes from its `length` attribute
-        masks.append(jnp.ones((input_tokens.shape[0], part.length), bool))
+  def prompt_mask(self, input_tokens: Array) -> Optional[Array]:
+    masks = [part.prompt_mask(input_tokens) for part in self.parts]
+    if all(m is None for m in masks):
+      return None
+    batch = input_tokens.shape[0]
+    masks = [jnp.ones((batch, part.length), bool) if m is None else m
+             for m, part in zip(masks, self.parts)]
     return jnp.concatenate(masks, axis=1)  # [B, P]
 
 

@@ -16,6 +16,7 @@ from prompt_jax.errors import ConfigError
 from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import losses
+from prompt_jax.train import methods
 from prompt_jax.train import optimizers
 from prompt_jax.train import run_dir
 from prompt_jax.train import state as state_lib
@@ -101,7 +102,8 @@ def train(*, model_dir: str = gin.REQUIRED,
           loss_normalizing_factor: Any = losses.NUM_REAL_TARGET_TOKENS,
           stop_after_step: Optional[int] = None, return_state: bool = False,
           eval_before_training: bool = False,
-          infer_fn: Optional[Callable[..., Dict[str, float]]] = None):
+          infer_fn: Optional[Callable[..., Dict[str, float]]] = None,
+          cache_representations: bool = True):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
 
   `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
@@ -110,6 +112,10 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   `eval_before_training` evaluates the untrained prompt first (t5x's run_eval_before_training),
   so a run shows what training changed.
+
+  `cache_representations`: a method that reads the frozen encoder's representation of the input
+  (IDPG) gets it from a per-example host cache instead of one more encoder pass a step
+  (train/methods.py).
 
   `stop_after_step` ends the run early right after checkpointing that step (what a kill after
   step k leaves behind). `return_state`: return (metrics, run, state) instead (tests).
@@ -175,6 +181,10 @@ def train(*, model_dir: str = gin.REQUIRED,
                                                         start_position=position))
   progress = summaries.Progress(start, total_steps, train_dataset_cfg.batch_size)
   final_metrics: Dict[str, float] = {}
+  # The method's needs beyond the step (train/methods.py): IDPG's cached M(x), its summaries.
+  rep_cache = (methods.representation_cache(model.prompt, run) if cache_representations
+               else None)
+  method_summaries = methods.summary_fn(model.prompt)
 
   def evaluate(step: int):
     results = {}
@@ -198,7 +208,10 @@ def train(*, model_dir: str = gin.REQUIRED,
   if eval_before_training and start == 0:
     evaluate(0)
   for step in range(start, total_steps):
-    batch = global_batch(next(batches), data_sharding)
+    local = next(batches)
+    if rep_cache is not None:
+      local = rep_cache.add_to(local)
+    batch = global_batch(local, data_sharding)
     with partitioning.axis_rules(mesh):
       state, metrics = step_fn(state, run.frozen, batch, dropout_rng)
     position += 1
@@ -211,6 +224,8 @@ def train(*, model_dir: str = gin.REQUIRED,
       summaries.log(line)
       sps = progress.steps_per_sec
       train_writer.write_scalars(done, {**{f"train/{k}": v for k, v in host.items()},
+                                        **(method_summaries(state.params)
+                                           if method_summaries else {}),
                                         "learning_rate": lr,
                                         **summaries.Progress.timing(sps,
                                                                     train_dataset_cfg.batch_size)})

@@ -40,7 +40,12 @@ def adafactor(learning_rate: float = 0.3, decay_rate: float = 0.8,
 
 @gin.configurable(module="prompt_jax")
 def adamw(learning_rate: float = 0.3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 1e-5, warmup_steps: int = 0) -> Optimizer:
+          weight_decay: float = 1e-5, warmup_steps: int = 0,
+          clip_norm: Optional[float] = None) -> Optimizer:
+  """AdamW (decoupled weight decay); `clip_norm` clips the global gradient norm first (DPT's
+  reference code clips at 1.0)."""
   schedule = _schedule(learning_rate, warmup_steps)
-  return Optimizer(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
-                   schedule)
+  tx = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  if clip_norm is not None:
+    tx = optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+  return Optimizer(tx, schedule)

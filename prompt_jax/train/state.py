@@ -17,6 +17,7 @@ from prompt_jax.trees import merge
 
 Array = jax.Array
 PyTree = Any
+PROMPT_REPRESENTATION = "prompt_representation"  # optional batch feature [B, H]
 
 
 @flax.struct.dataclass
@@ -60,7 +61,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
       logits = model.apply(
           {"params": merge(trainable, frozen)}, batch["encoder_input_tokens"],
           batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=True,
-          rngs={"dropout": dropout_rng})  # [B, S, V]
+          rngs={"dropout": dropout_rng},
+          # [B, H] the frozen encoder's cached representation (IDPG), when the loop adds it
+          prompt_representation=batch.get(PROMPT_REPRESENTATION))  # [B, S, V]
       return losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

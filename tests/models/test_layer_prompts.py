@@ -14,11 +14,13 @@ TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
 
 
 class FixedPrefix(nn.Module):
-  """A test hook: the same learned [P, heads, kv] key/value prefix for every example and layer."""
+  """A test hook: the same learned [P, heads, kv] key/value prefix for every example and layer.
+  Hooks receive a `models.LayerContext` (layer index, hidden states, ...)."""
   length: int
 
   @nn.compact
-  def __call__(self, layer, x, deterministic=True):
+  def __call__(self, ctx, deterministic=True):
+    x = ctx.x
     k = self.param("key", nn.initializers.normal(1.0), (self.length, 2, 8))
     v = self.param("value", nn.initializers.normal(1.0), (self.length, 2, 8))
     batch = x.shape[0]

@@ -5,11 +5,12 @@ import pytest
 
 from prompt_jax import run_setup
 from prompt_jax.models import decoding
+from prompt_jax.prompts import specs
 from tests.models import test_decoding
 from tests.prompts import helpers
 from tests.prompts.test_specs import SPECS  # every method, as the spec tests build them
 
-METHODS = dict(SPECS, prompt_tuning=run_setup.prompt_tuning(length=4))
+METHODS = dict(SPECS, prompt_tuning=specs.prompt_tuning(length=4))
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

@@ -33,9 +33,13 @@ def test_dpt_count_is_r_times_p_plus_h_in_any_order(capsys, method_first):
 
 @pytest.mark.parametrize("method,bindings,formula", [
     ("residual", ["PROMPT_LENGTH=10"], 10 * H + (2 * H * 400 + 400 + 3 * H)),
-    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None"], 2 * L * 10 * D),
-    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],
+    # Encoder prefixes only (prefix.gin's default also prefixes the decoder: below).
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None", "PREFIX_DECODER=False"],
+     2 * L * 10 * D),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32", "PREFIX_DECODER=False"],
      10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],  # encoder and decoder (8 + 8 layers)
+     2 * (10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D)),
 ])
 def test_method_count_equals_its_formula(capsys, method, bindings, formula):
   count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
@@ -49,3 +53,20 @@ def test_generator_methods_count_equals_spec_formula(capsys, method):
   count, spec = _describe(capsys, [MODEL, f"prompts/{method}.gin", "runs/prompt_finetune.gin"],
                           ["PROMPT_LENGTH=5"])
   assert count == spec.num_trainable_params(run_setup.t5_config(preset="t5_1_1_small"))
+
+
+# Issue 8, acceptance 1: each method's gin file alone, no other flags, on T5 1.1 large
+# (H = 1024, 24 + 24 layers) prints the paper's main-setting count.
+@pytest.mark.parametrize("files,bindings,expected", [
+    ([], [], 102_400),  # prompt tuning: P = 100, P·H
+    (["prompts/dpt.gin"], [], 11_240),  # r = 10: r·(P + H)
+    (["prompts/residual.gin"], [], 925_072),  # m = 400: P·H + 2·H·m + m + 3·H
+    (["prompts/idpg.gin"], [], 107_776),  # S-IDPG PHM, t = 5, m = 256, n = 16
+    (["prompts/idpg_multilayer.gin"], [], 133_136),  # M-IDPG Table 1, one PHM rule set
+    (["prompts/idpg_multilayer.gin"], ["IDPG_PHM_SHARED_RULES=False"], 137_232),  # two
+], ids=["prompt_tuning", "dpt", "residual", "s_idpg_phm", "m_idpg_one_rule_set",
+        "m_idpg_two_rule_sets"])
+def test_method_file_alone_gives_the_papers_count_on_t5_1_1_large(capsys, files, bindings,
+                                                                  expected):
+  count, _ = _describe(capsys, ["models/t5_1_1_large.gin"] + files, bindings)
+  assert count == expected

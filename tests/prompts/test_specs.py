@@ -6,6 +6,7 @@ import pytest
 from flax import traverse_util
 
 import flax.linen as nn
+from prompt_jax import cli
 from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax import trees
@@ -65,7 +66,8 @@ def test_encoder_ipt_count_and_regex_exclude_the_frozen_table(tmp_path):
   spec = specs.ipt_prompt(length=2, mode="encoder", table_file=str(tmp_path / "t.npy"),
                           encoder="mlp", hidden=5)
   assert spec.trainable_regex == r"encoder/prompt/prompt/text_encoder/.*"
-  assert _count(spec) == spec.num_trainable_params(CFG) == 16 * 5 + 5 + 5 * 32 + 32
+  # The paper's MLP: three linear layers, H -> m -> m -> k·H (issue 8 item 4).
+  assert _count(spec) == spec.num_trainable_params(CFG) == 16 * 5 + 5 + 5 * 5 + 5 + 5 * 32 + 32
 
 
 def test_bad_spec_inputs_are_clear_errors():
@@ -86,6 +88,7 @@ METHOD_GIN = ["dpt.gin", "residual.gin", "prefix.gin", "idpg.gin", "ipt.gin", "i
 @pytest.mark.parametrize("gin_file", METHOD_GIN)
 def test_method_gin_files_bind_their_spec(gin_file):
   gin.clear_config()
+  cli._register_configurables()  # method files may bind the trainer's optimizer (AdamW)
   try:
     gin.add_config_file_search_path(paths.gin_dir())
     gin.parse_config_files_and_bindings(

@@ -14,15 +14,19 @@ from prompt_jax.train import loop
 from tests.train import common
 
 
-@pytest.mark.parametrize("method,expected_prefixes", [
-    ("prefix", ("encoder/layer_prompts/",)),
-    ("dpt", ("encoder/prompt/prompt/a", "encoder/prompt/prompt/b")),
+@pytest.mark.parametrize("method,expected_prefixes,extra", [
+    # prefix.gin prefixes the encoder and the decoder (Li & Liang, Section 4.1).
+    ("prefix", ("encoder/layer_prompts/", "decoder/layer_prompts/"), ()),
+    # DPT's r = 10 exceeds min(P, H) for a 4-token prompt (a ConfigError): r = 2.
+    ("dpt", ("encoder/prompt/prompt/a", "encoder/prompt/prompt/b"), ("--gin.DPT_RANK=2",)),
 ])
-def test_method_trains_only_its_parameters_in_the_trainer(tmp_path, method, expected_prefixes):
+def test_method_trains_only_its_parameters_in_the_trainer(tmp_path, method, expected_prefixes,
+                                                          extra):
   model_dir = str(tmp_path / method)
   # The method file first: it must still win over the run file (no include-order trap).
   rest, bindings = cli.split_gin_dot_flags(
-      [f"--gin_file=prompts/{method}.gin"] + common.flags(model_dir, 3, "--gin.PROMPT_LENGTH=4"))
+      [f"--gin_file=prompts/{method}.gin"]
+      + common.flags(model_dir, 3, "--gin.PROMPT_LENGTH=4", *extra))
   cli.parse_gin([a.split("=", 1)[1] for a in rest], bindings, [])
   try:
     _, run, state = loop.train(return_state=True)

@@ -50,10 +50,11 @@ def test_relative_model_dir_trains_and_resumes_from_another_directory(tmp_path, 
 
 @pytest.fixture(scope="module")
 def dpt_run(tmp_path_factory):
-  """3 steps of DPT (rank 4, not the method file's 8) on the embedded default."""
+  """3 steps of DPT (rank 4 and 8 prompt tokens, not the method file's 10 and 100) on the
+  embedded default."""
   model_dir = str(tmp_path_factory.mktemp("dpt"))
   code, out, err = run_cli(["train"] + common.flags(model_dir, 3, "--gin_file=prompts/dpt.gin",
-                                                    "--gin.DPT_RANK=4"))
+                                                    "--gin.DPT_RANK=4", "--gin.PROMPT_LENGTH=8"))
   assert code == 0, err
   return model_dir, out
 
@@ -84,7 +85,7 @@ def test_eval_of_a_dpt_run_is_unchanged_by_its_method_and_run_files(dpt_run):
                                 f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64"])
   assert code == 0, err
   assert _accuracy(layered) == _accuracy(alone)
-  assert (f"note: {model_dir}/config.gin keeps DPT_RANK=4: prompts/dpt.gin's 8 does not apply "
+  assert (f"note: {model_dir}/config.gin keeps DPT_RANK=4: prompts/dpt.gin's 10 does not apply "
           f"to this run") in layered
 
 
@@ -94,8 +95,8 @@ def test_an_override_contradicting_the_dpt_checkpoint_names_both_values(dpt_run)
   assert code == 2 and out == ""
   assert err == (f"prompt-jax eval: error: DPT_RANK=2 contradicts the checkpoint in {model_dir} "
                  f"(trained with DPT_RANK=4): drop the override or use a new MODEL_DIR\n")
-  code, _, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'", "--gin.PROMPT_LENGTH=3"])
-  assert code == 2 and "PROMPT_LENGTH=3 contradicts" in err and "PROMPT_LENGTH=8)" in err
+  code, _, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'", "--gin.PROMPT_LENGTH=5"])
+  assert code == 2 and "PROMPT_LENGTH=5 contradicts" in err and "PROMPT_LENGTH=8)" in err
 
 
 def test_export_folds_dpt_and_the_folded_prompt_evaluates_the_same(dpt_run):
