@@ -47,8 +47,10 @@ def test_a_method_file_wins_over_run_files_in_any_order_and_keeps_the_run_values
 
 def test_including_a_run_file_after_your_values_cannot_clobber_them(tmp_path):
   mine = tmp_path / "mine.gin"
-  mine.write_text("PROMPT_LENGTH = 5\nBATCH_SIZE = 4\nDROPOUT_RATE = 0.3\n"
-                  "include 'prompts/prefix.gin'\n"
+  # The method file first (it binds its paper's PROMPT_LENGTH, as a method should), then your
+  # values, then run files: those cannot clobber what you set.
+  mine.write_text("include 'prompts/prefix.gin'\n"
+                  "PROMPT_LENGTH = 5\nBATCH_SIZE = 4\nDROPOUT_RATE = 0.3\n"
                   "include 'runs/prompt_finetune.gin'\ninclude 'runs/prompt_eval.gin'\n")
   cli.parse_gin(["models/embedded_tiny.gin", str(mine)], [], [], command="eval")
   assert (_macro("PROMPT_LENGTH"), _macro("BATCH_SIZE"), _macro("DROPOUT_RATE")) == (5, 4, 0.3)
