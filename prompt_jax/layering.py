@@ -210,6 +210,9 @@ def reverted(key: Key, values: Mapping[Key, Any]) -> Iterator[None]:
       del config[(scope, selector)]
 
 
+METHOD_BINDING = "prompt_jax.model_spec.prompt"
+
+
 def contradiction(run_values: Mapping[Key, Any], problem_fn: Callable[[], Optional[str]],
                   where: str) -> Optional[str]:
   """One line when the configuration contradicts the run's checkpoint, naming the overrides.
@@ -235,6 +238,8 @@ def contradiction(run_values: Mapping[Key, Any], problem_fn: Callable[[], Option
   without = {k: problem_without(k) for k in overrides}
   culprits = ([k for k in overrides if without[k] is None]
               or [k for k in overrides if without[k] != problem])
+  # Another method brings its own macros (its gin file binds them): name the method alone.
+  culprits = [k for k in culprits if name(k) == METHOD_BINDING] or culprits
   if not culprits:
     return (f"the configuration contradicts the checkpoint in {where}: {problem}; use the "
             f"run's own settings or a new MODEL_DIR")
