@@ -16,7 +16,9 @@ overrides a value you set in your file or on the command line, and a method file
 over a run file.
 
 Bad configurations print one line `prompt-jax <cmd>: error: ...` and exit with status 2,
-before anything is written to MODEL_DIR.
+before anything is written to MODEL_DIR (--verbose adds the traceback). A run that cannot go on
+(non-finite loss, no intact checkpoint, a failed write) prints one such line and exits 1; a run
+preempted by SIGTERM saves a checkpoint, says so and exits 143 (README "When things go wrong").
 """
 import argparse
 import logging
@@ -36,6 +38,8 @@ REQUIRED_MACROS = {
     "describe": (),
 }
 EXIT_CONFIG_ERROR = 2
+EXIT_RUN_ERROR = 1
+EXIT_PREEMPTED = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
 class _Error(Exception):
@@ -74,6 +78,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
                       help="number of processes (multi-host)")
   parser.add_argument("--process_index", type=int, default=None,
                       help="index of this process (multi-host)")
+  parser.add_argument("--verbose", action="store_true",
+                      help="print the traceback of an error, not only its one-line message")
   return parser
 
 
@@ -110,6 +116,9 @@ def initialize_distributed(args) -> None:
   if args.coordinator_address is None or args.process_count is None or args.process_index is None:
     raise _Error("multi-host runs need --coordinator_address, --process_count and "
                  "--process_index")
+  if not 0 <= args.process_index < args.process_count:
+    raise _Error(f"--process_index={args.process_index} must be in [0, --process_count="
+                 f"{args.process_count}); number the processes 0 .. process_count - 1")
   if not args.multiprocess_gpu:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=args.coordinator_address,
@@ -149,12 +158,13 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
   packaged.sort(key=_packaged_rank)  # stable: same-kind files keep their order
   for f in list(packaged) + list(own):
     if not _exists(f, dirs):
-      raise _Error(f"gin file {f!r} not found (searched ., {', '.join(dirs)})")
+      raise _Error(f"gin file {f!r} not found (searched ., {', '.join(dirs)})"
+                   + _did_you_mean(f, _gin_files(gin_dir)))
   logging.getLogger().addFilter(_QuietGinLookups())
   try:
     gin.parse_config_files_and_bindings(packaged + own, list(bindings), finalize_config=False)
   except (ValueError, KeyError, SyntaxError, IOError) as e:
-    raise _Error(f"gin: {_first_line(e)}") from e
+    raise _Error(f"gin: {_first_line(e)}{_gin_hint(e)}") from e
 
 
 class _QuietGinLookups(logging.Filter):
@@ -189,6 +199,7 @@ def check_required(command: str) -> None:
       missing.append(name)
   if command != "describe":  # describe needs only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
+  check_macro_typos()
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
@@ -216,6 +227,70 @@ def unbound_macros() -> List[str]:
   bound = {scope for scope, selector in gin.config._CONFIG  # pylint: disable=protected-access
            if selector == "gin.macro"}
   return sorted(referenced - bound)
+
+
+def _referenced_macros() -> set:
+  import gin  # pylint: disable=g-import-not-at-top
+  referenced = set()
+
+  def walk(value):
+    if isinstance(value, gin.config.ConfigurableReference):
+      if value.configurable.selector == "gin.macro":
+        referenced.add(value.scoped_selector.split("/")[0])
+    elif isinstance(value, dict):
+      for v in value.values():
+        walk(v)
+    elif isinstance(value, (list, tuple)):
+      for v in value:
+        walk(v)
+
+  for params in gin.config._CONFIG.values():  # pylint: disable=protected-access
+    walk(params)
+  return referenced
+
+
+_USER_MACROS: List[str] = []  # macros bound by --gin.NAME=VALUE / --gin_bindings
+
+
+def check_macro_typos() -> None:
+  """A macro set on the command line that no binding uses is a typo (gin would ignore it)."""
+  referenced = _referenced_macros()
+  for name in _USER_MACROS:
+    if name not in referenced:
+      raise _Error(f"--gin.{name} sets a macro that nothing uses"
+                   + (_did_you_mean(name, referenced) or
+                      "; check its spelling against the run's gin files"))
+
+
+def _did_you_mean(name: str, choices) -> str:
+  import difflib  # pylint: disable=g-import-not-at-top
+  close = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
+  return f"; did you mean {close[0]}?" if close else ""
+
+
+def _gin_files(gin_dir: str) -> List[str]:
+  return [os.path.relpath(os.path.join(d, f), gin_dir)
+          for d, _, fs in os.walk(gin_dir) for f in fs if f.endswith(".gin")]
+
+
+def _gin_hint(e: BaseException) -> str:
+  """'did you mean' for a misspelled configurable or parameter in a gin error."""
+  import re  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  text = str(e)
+  registry = gin.config._REGISTRY  # pylint: disable=protected-access
+  match = re.search(r"No configurable matching '([^']+)'", text)
+  if match:
+    return _did_you_mean(match.group(1), [k for k in registry.keys()])
+  match = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", text)
+  if match:
+    try:
+      import inspect  # pylint: disable=g-import-not-at-top
+      fn = registry.get_match(match.group(1)).wrapped
+      return _did_you_mean(match.group(2), inspect.signature(fn).parameters)
+    except Exception:  # pylint: disable=broad-except
+      return ""
+  return ""
 
 
 def _register_configurables() -> None:
@@ -255,6 +330,9 @@ def _print_final(metrics) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+    return _fail("", f"unknown command {argv[0]!r}{_did_you_mean(argv[0], COMMANDS)} "
+                     f"(commands: {', '.join(COMMANDS)}; prompt-jax <command> --help)")
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
     print(f"usage: prompt-jax {{{','.join(COMMANDS)}}} [flags]   (prompt-jax <cmd> --help)\n\n"
           + __doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
@@ -267,8 +345,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
     from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
     return tasks_inspect.main(rest)
+  verbose = "--verbose" in rest
   try:
     rest, dot_bindings = split_gin_dot_flags(rest)
+    _USER_MACROS[:] = [b.split("=", 1)[0].strip() for b in dot_bindings + _flag_values(
+        rest, "--gin_bindings") if b.split("=", 1)[0].strip().isupper()]
     args = _parser(command).parse_args(rest)
     initialize_distributed(args)
     if args.tfds_data_dir:
@@ -281,24 +362,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_required(command)
     return _run(command)
   except _Error as e:
-    return _fail(command, str(e))
+    return _fail(command, str(e), verbose=verbose)
   except Exception as e:  # pylint: disable=broad-except
     from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
-    from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+    from prompt_jax.errors import ConfigError, Preempted, RunError  # pylint: disable=g-import-not-at-top
+    if isinstance(e, Preempted):
+      print(f"prompt-jax {command}: {e}", file=sys.stderr, flush=True)
+      return EXIT_PREEMPTED
+    if isinstance(e, RunError):
+      return _fail(command, str(e), EXIT_RUN_ERROR, verbose=verbose)
     if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
-      return _fail(command, str(e).splitlines()[0] if str(e) else type(e).__name__)
+      return _fail(command, str(e).splitlines()[0] if str(e) else type(e).__name__,
+                   verbose=verbose)
     if isinstance(e, RuntimeError) and "Required bindings" in str(e):
       hint = (" (add a model file, e.g. --gin_file=models/t5_1_1_base.gin)"
               if "t5_config" in str(e) else "")
-      return _fail(command, "gin: " + str(e).splitlines()[0] + hint)
+      return _fail(command, "gin: " + str(e).splitlines()[0] + hint, verbose=verbose)
     if isinstance(e, (TypeError, ValueError)) and "gin" in str(e).lower():
-      return _fail(command, "gin: " + _first_line(e))
+      return _fail(command, "gin: " + _first_line(e), verbose=verbose)
     raise
 
 
-def _fail(command: str, message: str) -> int:
-  print(f"prompt-jax {command}: error: {message}", file=sys.stderr, flush=True)
-  return EXIT_CONFIG_ERROR
+def _flag_values(argv: Sequence[str], flag: str) -> List[str]:
+  """Values of a repeatable `--flag=value` / `--flag value` in argv (before argparse)."""
+  values = []
+  for i, arg in enumerate(argv):
+    if arg.startswith(flag + "="):
+      values.append(arg[len(flag) + 1:])
+    elif arg == flag and i + 1 < len(argv):
+      values.append(argv[i + 1])
+  return values
+
+
+def _fail(command: str, message: str, code: int = EXIT_CONFIG_ERROR,
+          verbose: bool = False) -> int:
+  if verbose:
+    import traceback  # pylint: disable=g-import-not-at-top
+    traceback.print_exc()
+  prog = f"prompt-jax {command}" if command else "prompt-jax"
+  print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+  return code
 
 
 if __name__ == "__main__":
