@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 import sys
+import tokenize
 from typing import List, Optional, Sequence, Tuple
 
 COMMANDS = ("train", "eval", "infer", "describe", "tasks", "bench")
@@ -46,8 +47,15 @@ class _Error(Exception):
   """A usage/configuration error reported as one line."""
 
 
+class _OneLineParser(argparse.ArgumentParser):
+  """argparse's errors as one line (`prompt-jax <cmd>: error: ...`), not usage + message."""
+
+  def error(self, message):
+    raise _Error(message + " (prompt-jax <command> --help lists the flags)")
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _OneLineParser(
       prog=f"prompt-jax {command}",
       description=f"prompt-jax {command}: configured by gin, with t5x's flags. "
                   "--gin.NAME=VALUE binds a gin macro or parameter (e.g. "
@@ -163,6 +171,8 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
   logging.getLogger().addFilter(_QuietGinLookups())
   try:
     gin.parse_config_files_and_bindings(packaged + own, list(bindings), finalize_config=False)
+  except tokenize.TokenError as e:  # unbalanced brackets: gin does not say where
+    raise _Error(f"gin: {_unbalanced(packaged + own, dirs) or _first_line(e)}") from e
   except (ValueError, KeyError, SyntaxError, IOError) as e:
     raise _Error(f"gin: {_first_line(e)}{_gin_hint(e)}") from e
 
@@ -172,6 +182,28 @@ class _QuietGinLookups(logging.Filter):
 
   def filter(self, record):
     return not str(record.getMessage()).startswith("Path not found")
+
+
+def _unbalanced(files: Sequence[str], dirs: Sequence[str]) -> Optional[str]:
+  """'<file>: a bracket opened on line N is never closed' for the first such gin file."""
+  import io  # pylint: disable=g-import-not-at-top
+  for f in files:
+    path = next((p for p in [f] + [os.path.join(d, f) for d in dirs] if os.path.exists(p)), None)
+    if path is None:
+      continue
+    with open(path) as fh:
+      text = fh.read()
+    opened = []  # line of each bracket still open
+    try:
+      for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+          opened.append(tok.start[0])
+        elif tok.type == tokenize.OP and tok.string in ")]}" and opened:
+          opened.pop()
+    except tokenize.TokenError:
+      return (f"{path}: the bracket opened on line {opened[-1] if opened else '?'} is never "
+              f"closed")
+  return None
 
 
 def _exists(f: str, dirs: Sequence[str]) -> bool:
@@ -281,7 +313,7 @@ def _gin_hint(e: BaseException) -> str:
   registry = gin.config._REGISTRY  # pylint: disable=protected-access
   match = re.search(r"No configurable matching '([^']+)'", text)
   if match:
-    return _did_you_mean(match.group(1), [k for k in registry.keys()])
+    return _did_you_mean(match.group(1), [k for k, _ in registry.items()])
   match = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", text)
   if match:
     try:
@@ -356,6 +388,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       import seqio  # pylint: disable=g-import-not-at-top
       seqio.set_tfds_data_dir_override(args.tfds_data_dir)
     if args.data_dir:
+      _check_data_dir(args.data_dir)
       import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
       prompt_jax.tasks.set_data_dir(args.data_dir)  # wins over gin's DATA_DIR and the env
     parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings, args.gin_search_paths)
@@ -381,6 +414,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if isinstance(e, (TypeError, ValueError)) and "gin" in str(e).lower():
       return _fail(command, "gin: " + _first_line(e), verbose=verbose)
     raise
+
+
+def _check_data_dir(path: str) -> None:
+  if "://" not in path and not os.path.isdir(path):
+    raise _Error(f"--data_dir {path} is not a directory; point it at a folder laid out like "
+                 f"../shared/data (super_glue/, glue/, mrqa/, ...) or leave it out to read TFDS")
 
 
 def _flag_values(argv: Sequence[str], flag: str) -> List[str]:

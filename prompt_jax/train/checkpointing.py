@@ -281,7 +281,7 @@ def _check_structure(model_dir: str, step: int, abstract: Mapping[str, Any]) -> 
   except Exception as e:  # pylint: disable=broad-except
     raise CorruptCheckpoint(f"its metadata cannot be read ({_first_line(e)})") from e
   want = {k: tuple(v.shape) for k, v in leaf_paths(abstract).items()}
-  for path in sorted(set(want) | set(saved)):
+  for path in sorted(set(want) | set(saved), key=lambda p: (not p.startswith("params/"), p)):
     if saved.get(path) != want.get(path):
       raise ConfigError(
           f"checkpoint {step_dir(model_dir, step)} holds {path} of shape {saved.get(path)} but "

@@ -14,6 +14,7 @@ and 2 processes x 2 devices train on the same rows in the same order. Each shard
 tf.data iterator state, saved in every checkpoint (t5x's `save_dataset`, per data shard instead
 of per process): a restart restores it in O(shuffle buffer), not O(steps) as `skip` would.
 """
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -79,6 +80,49 @@ def check_split(task, split: str) -> None:
     raise ConfigError(f"task {task.name!r} has no split {split!r}; it has {sorted(splits)}")
 
 
+def check_feature_lengths(cfg: DatasetConfig) -> None:
+  lengths = cfg.task_feature_lengths
+  if not isinstance(lengths, Mapping) or set(lengths) != {"inputs", "targets"} or not all(
+      isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in lengths.values()):
+    raise ConfigError(f"TASK_FEATURE_LENGTHS must map 'inputs' and 'targets' to positive "
+                      f"lengths, e.g. {{'inputs': 512, 'targets': 8}}; got {lengths!r}")
+
+
+@contextlib.contextmanager
+def user_data_errors():
+  """A missing or malformed data file (or vocabulary) while building a pipeline is the user's to
+  fix: re-raised as a ConfigError with the reader's one-line message (file:line, what to do).
+  tf.data may wrap the error while tracing a preprocessor (autograph's StagingError)."""
+  try:
+    yield
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    message = _user_data_error(e)
+    if message is None:
+      raise
+    raise ConfigError(message) from e
+
+
+def _user_data_error(e: BaseException) -> Optional[str]:
+  try:
+    from prompt_jax.tasks import DataFormatError  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    DataFormatError = FileNotFoundError  # pylint: disable=invalid-name
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, (FileNotFoundError, DataFormatError)):
+      text = str(e).strip()
+      return text.splitlines()[0] if text else type(e).__name__
+    for name in ("FileNotFoundError", "DataFormatError"):  # wrapped as text by autograph
+      for line in str(e).splitlines():
+        if line.strip().startswith(name + ": "):
+          return line.strip()[len(name) + 2:]
+    e = e.__cause__ or e.__context__
+  return None
+
+
 def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
                 shard_id: Optional[int] = None, num_shards: Optional[int] = None,
                 start_position: int = 0, drop_remainder: bool = True) -> tf.data.Dataset:
@@ -88,14 +132,16 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
   if cfg.batch_size % num_shards:
     raise ConfigError(f"BATCH_SIZE={cfg.batch_size} is not divisible by the "
                       f"{num_shards} processes")
+  check_feature_lengths(cfg)
   task = get_task(cfg.mixture_or_task_name, cfg.module)
   check_split(task, cfg.split)
-  ds = task.get_dataset(
-      sequence_length=dict(cfg.task_feature_lengths), split=cfg.split, use_cached=cfg.use_cached,
-      shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
-      shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
-  converter = seqio.EncDecFeatureConverter(pack=cfg.pack)
-  ds = converter(ds, dict(cfg.task_feature_lengths))
+  with user_data_errors():
+    ds = task.get_dataset(
+        sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
+        use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
+        shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
+    converter = seqio.EncDecFeatureConverter(pack=cfg.pack)
+    ds = converter(ds, dict(cfg.task_feature_lengths))
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=drop_remainder)
   if start_position:
     ds = ds.skip(start_position)  # deterministic resume: same seed, same order
@@ -133,6 +179,7 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
                   skip: int = 0) -> tf.data.Dataset:
   """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted and
   batched by `batch_size // num_shards`, after `skip` batches."""
+  check_feature_lengths(cfg)
   task = get_task(cfg.mixture_or_task_name, cfg.module)
   check_split(task, cfg.split)
   kwargs = {}
@@ -140,11 +187,12 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
     # seqio caches small splits in memory; a checkpointed iterator would then carry the whole
     # cache. Without it the iterator state is the shuffle buffer (the order is the same).
     kwargs["try_in_mem_cache"] = False
-  ds = task.get_dataset(
-      sequence_length=dict(cfg.task_feature_lengths), split=cfg.split, use_cached=cfg.use_cached,
-      shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None,
-      shard_info=seqio.ShardInfo(index=shard, num_shards=num_shards), **kwargs)
-  ds = seqio.EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
+  with user_data_errors():
+    ds = task.get_dataset(
+        sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
+        use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None,
+        shard_info=seqio.ShardInfo(index=shard, num_shards=num_shards), **kwargs)
+    ds = seqio.EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
   ds = ds.map(lambda ex: {k: ex[k] for k in MODEL_FEATURES})
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
   if skip:

@@ -129,7 +129,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
   _check_run_values(model_dir, total_steps)
-  mesh = partitioning.create_mesh(num_partitions)
+  mesh = _mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
@@ -265,6 +265,13 @@ def _check_run_values(model_dir: Any, total_steps: Any) -> None:
   if total_steps < 1:
     raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
   checkpointing.check_writable(model_dir)
+
+
+def _mesh(num_partitions: int):
+  try:
+    return partitioning.create_mesh(num_partitions)
+  except ValueError as e:
+    raise ConfigError(f"NUM_PARTITIONS={num_partitions}: {e}") from e
 
 
 def _resume(mngr, model_dir: str, state: state_lib.TrainState, state_shardings,
