@@ -388,7 +388,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       import seqio  # pylint: disable=g-import-not-at-top
       seqio.set_tfds_data_dir_override(args.tfds_data_dir)
     if args.data_dir:
-      _check_data_dir(args.data_dir)
+      if command != "describe":  # describe reads no data
+        _check_data_dir(args.data_dir)
       import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
       prompt_jax.tasks.set_data_dir(args.data_dir)  # wins over gin's DATA_DIR and the env
     parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings, args.gin_search_paths)
@@ -399,11 +400,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except Exception as e:  # pylint: disable=broad-except
     from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
     from prompt_jax.errors import ConfigError, Preempted, RunError  # pylint: disable=g-import-not-at-top
-    if isinstance(e, Preempted):
-      print(f"prompt-jax {command}: {e}", file=sys.stderr, flush=True)
+    if isinstance(e, Preempted):  # gin appends "In call to configurable ..." lines
+      print(f"prompt-jax {command}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
       return EXIT_PREEMPTED
     if isinstance(e, RunError):
-      return _fail(command, str(e), EXIT_RUN_ERROR, verbose=verbose)
+      return _fail(command, str(e).splitlines()[0], EXIT_RUN_ERROR, verbose=verbose)
     if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
       return _fail(command, str(e).splitlines()[0] if str(e) else type(e).__name__,
                    verbose=verbose)

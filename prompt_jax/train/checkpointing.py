@@ -176,7 +176,9 @@ class DataIteratorHandler(ocp.CheckpointHandler):
       prefix = directory / _shard_name(shard, args.num_shards)
       try:
         tf.train.Checkpoint(ds=iterator).write(str(prefix))
-      except (tf.errors.OpError, ValueError, TypeError) as e:
+      except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as e:
+        # A stateful op (py_function, from_generator) cannot be serialised; a write error
+        # (disk full) is another OpError and fails the save.
         _warn_once(f"the training data pipeline cannot save its position ({_first_line(e)}); "
                    f"a restart will replay the consumed batches instead")
         (directory / (_shard_name(shard, args.num_shards) + ".unsupported")).write_text(str(e))
@@ -232,6 +234,15 @@ def _first_line(e: BaseException) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
+def reason(e: BaseException) -> str:
+  """The short cause of a failed read or write ('File too large', 'No space left on device')."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  text = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(e, "message", None) or _first_line(e))
+  text = re.sub(r"\s*\[Op:[^\]]*\]\s*$", "", text)
+  return text.rsplit("; ", 1)[-1].strip() or type(e).__name__
+
+
 # ===== Save / restore =====
 
 def manager(model_dir: str, *, period: int, keep: Optional[int],
@@ -259,7 +270,21 @@ def save(mngr: ocp.CheckpointManager, step: int, train_state: state_lib.TrainSta
     items["data_iterators"] = DataIteratorSave(
         {k: stream.iterators[k] for k in stream.owned}, stream.num_shards)
   items["data"] = ocp.args.JsonSave(data)
-  return mngr.save(step, args=ocp.args.Composite(**items), force=force)
+  quiet = _QuietOrbaxThreadErrors()
+  absl_logger = logging.getLogger("absl")
+  absl_logger.addFilter(quiet)
+  try:
+    return mngr.save(step, args=ocp.args.Composite(**items), force=force)
+  finally:
+    absl_logger.removeFilter(quiet)
+
+
+class _QuietOrbaxThreadErrors(logging.Filter):
+  """Orbax's save threads log a failed write with its traceback before re-raising it to the
+  caller, who reports it in one line (train/loop.py): drop that duplicate."""
+
+  def filter(self, record):
+    return not (record.exc_info and "orbax" in record.pathname and "futures" in record.pathname)
 
 
 @dataclasses.dataclass

@@ -304,13 +304,14 @@ def _write_checkpoint(mngr, model_dir: str, step: int, state: state_lib.TrainSta
                       position: int, stream: data_lib.TrainStream, backbone) -> None:
   """Checkpoint + .npy export of `step`; a failed write (disk full, permissions) stops the run
   with one line saying what is kept."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (already loaded by data)
   try:
     checkpointing.save(mngr, step, state, position, force=True, stream=stream)
     checkpointing.export_numpy(model_dir, step, state.params, exclude=backbone)
-  except OSError as e:
+  except (OSError, tf.errors.OpError) as e:
     last = _last_good(model_dir)
     raise RunError(
-        f"cannot write checkpoint {step} to {model_dir} ({e.strerror or e}); "
+        f"cannot write checkpoint {step} to {model_dir} ({checkpointing.reason(e)}); "
         + (f"{last} is intact" if last else "no checkpoint was written")
         + ": free space or fix permissions, then run the same command to resume") from e
 

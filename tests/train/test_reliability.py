@@ -258,6 +258,31 @@ def test_non_finite_stops_without_saving_it(reference, tmp_path, caught_by):
   _assert_nothing_non_finite(d)
 
 
+# ===== 5. A disk that fills up during the run =====
+
+# No file may grow past 256 KiB (RLIMIT_FSIZE; writes then fail with EFBIG as they fail with
+# ENOSPC on a full disk): the start-up check passes, the data iterator state (the shuffle
+# buffer, ~0.5 MB) of the first checkpoint cannot be written.
+SMALL_FILES = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (262144, 262144))
+from prompt_jax import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_failed_checkpoint_write_is_one_error(tmp_path):
+  d = str(tmp_path / "full")
+  proc = common.cli_subprocess(run_argv(d, 4), python_code=SMALL_FILES)
+  assert proc.returncode == 1, proc.stdout[-3000:]
+  lines = error_lines(proc.stdout)
+  assert len(lines) == 1 and f"cannot write checkpoint 2 to {d}" in lines[0], proc.stdout[-3000:]
+  assert "no checkpoint was written" in lines[0] and "run the same command" in lines[0]
+  assert "Traceback" not in proc.stdout
+  assert checkpoint_steps(d) == []  # nothing half-written counts as a checkpoint
+
+
 # ===== 4. SIGTERM (preemption) =====
 
 def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path):
