@@ -41,10 +41,11 @@ def initial_flag(sharding) -> jax.Array:
   return jax.device_put(jnp.int32(NOT_SEEN), sharding)
 
 
-def check_finite(first_bad: jax.Array, step: int, model_dir: str, last_good: Optional[str],
+def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Optional[str]],
                  params_finite: Callable[[], bool] = lambda: True) -> None:
   """RunError if a step so far had a non-finite loss or gradient, or (checked only when the
-  flag is clear) if `params_finite()` is False. One host read of a scalar."""
+  flag is clear) if `params_finite()` is False. One host read of a scalar; `last_good()` (the
+  last checkpoint, for the message) is called only on failure."""
   bad = int(jax.device_get(first_bad)) if first_bad.is_fully_addressable else int(
       first_bad.addressable_data(0))
   what = "the loss or the gradients"
@@ -52,8 +53,8 @@ def check_finite(first_bad: jax.Array, step: int, model_dir: str, last_good: Opt
     if params_finite():
       return
     bad, what = step, "the parameters"
-  kept = (f"the last good checkpoint is {last_good}" if last_good else
-          "no checkpoint had been saved yet")
+  last = last_good()
+  kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
   raise RunError(f"{what} became NaN or Inf at step {bad}; stopped at step {step} without "
                  f"saving; {kept}. Lower the learning rate (or check the data near that step) "
                  f"and run again: it resumes from the last good checkpoint")

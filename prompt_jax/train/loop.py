@@ -207,13 +207,13 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   def save(done: int) -> None:
     """Checks for non-finite values, then saves the checkpoint and the .npy export."""
-    guards.check_finite(first_bad, done, model_dir, _last_good(model_dir),
+    guards.check_finite(first_bad, done, lambda: _last_good(model_dir),
                         lambda: checkpointing.all_finite(state.params))
     _write_checkpoint(mngr, model_dir, done, state, position, stream, backbone)
 
+  watch = guards.PreemptionWatch().install()  # SIGTERM from here on: save after a step
   if eval_before_training and start == 0:
     evaluate(0)
-  watch = guards.PreemptionWatch().install()
   for step in range(start, total_steps):
     batch = global_batch(next(stream), data_sharding, train_dataset_cfg.batch_size)
     with partitioning.axis_rules(mesh):
@@ -222,7 +222,7 @@ def train(*, model_dir: str = gin.REQUIRED,
     done = step + 1
     last = done == total_steps
     if done % stats_period == 0 or last:
-      guards.check_finite(first_bad, done, model_dir, _last_good(model_dir))
+      guards.check_finite(first_bad, done, lambda: _last_good(model_dir))
       host = {k: float(v) for k, v in jax.device_get(metrics).items()}
       lr = float(optimizer.schedule(step))
       line = progress.line(done, host, lr)

@@ -4,6 +4,7 @@ Each run is `python -m prompt_jax train` in a subprocess, because XLA_FLAGS (the
 fake devices) must be set before jax is imported.
 """
 import os
+import signal
 import socket
 
 import numpy as np
@@ -127,6 +128,39 @@ def test_two_single_device_processes_match_bitwise(tmp_path):
   iterators = sorted(os.listdir(os.path.join(multi, "checkpoints", "3", "data_iterators")))
   assert [f for f in iterators if f.endswith(".index")] == [
       "shard-00000-of-00002.index", "shard-00001-of-00002.index"]
+
+
+def test_sigterm_to_one_process_stops_both_at_one_checkpoint(tmp_path):
+  """Multi-host preemption: SIGTERM reaches one process (as a TPU VM or SLURM may deliver it);
+  JAX's preemption service makes both save the same step and stop."""
+  d = str(tmp_path / "preempted")
+  port = _free_port()
+  procs = [common.cli_subprocess(
+      ["train"] + common.flags(d, 40, "--gin.prompt_jax.train.eval_before_training=False",
+                               "--gin.CHECKPOINT_PERIOD=100") +
+      [f"--coordinator_address=127.0.0.1:{port}", "--process_count=2", f"--process_index={i}"],
+      devices=1, wait=False) for i in range(2)]
+  outputs = ["", ""]
+  try:
+    for line in procs[0].stdout:
+      outputs[0] += line
+      if line.startswith("step 3/"):
+        procs[1].send_signal(signal.SIGTERM)
+        break
+    outputs = [outputs[0] + procs[0].communicate(timeout=300)[0],
+               procs[1].communicate(timeout=300)[0]]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  steps = []
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 143, out[-3000:]
+    line = [l for l in out.splitlines() if "preempted (SIGTERM) at step" in l]
+    assert len(line) == 1, out[-3000:]
+    steps.append(int(line[0].split("at step ")[1].split(":")[0]))
+  assert steps[0] == steps[1] < 40
+  assert os.listdir(os.path.join(d, "checkpoints")) == [str(steps[0])]
 
 
 # The minimal experiment: one jitted sum over a batch sharded on 4 devices, as the gradient of a

@@ -389,6 +389,27 @@ def test_every_damage_to_the_newest_checkpoint_is_noticed(reference, tmp_path):
       assert outcomes[(rel, damage)] == 10, (rel, damage)
 
 
+def test_eval_finds_the_newest_intact_checkpoint_read_only(reference, tmp_path, caplog):
+  """`latest_step` (what eval/infer resolve a run with) skips a damaged checkpoint, warns, and
+  moves nothing."""
+  from prompt_jax.errors import RunError  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  d = str(tmp_path / "run")
+  shutil.copytree(reference, d)
+  assert checkpointing.latest_step(d) == 12
+  flip_byte(_state_data_file(d, 12))
+  before = snapshot(d)
+  assert checkpointing.latest_step(d) == 10
+  assert any("cannot be restored" in r.getMessage() and "checkpoints/10" in r.getMessage()
+             for r in caplog.records)
+  assert snapshot(d) == before
+  for step in (8, 10):
+    flip_byte(_state_data_file(d, step))
+  with pytest.raises(RunError, match="no intact checkpoint"):
+    checkpointing.latest_step(d)
+  assert checkpointing.latest_step(str(tmp_path / "empty")) is None
+
+
 def test_stream_rows_do_not_depend_on_the_process_layout():
   """The global batch is the same rows in the same order whether one process reads it or two
   processes read halves of it: with 1 data shard (each process keeps half of its rows) and 4
