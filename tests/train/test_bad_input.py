@@ -226,9 +226,12 @@ def snapshot(root: str) -> dict:
   for d, dirs, files in os.walk(root):
     for name in dirs + files:
       p = os.path.join(d, name)
-      st = os.stat(p)
-      out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns, hashlib.sha256(
-          open(p, "rb").read()).hexdigest() if os.path.isfile(p) else "dir")
+      if os.path.isdir(p):
+        out[os.path.relpath(p, root)] = "dir"
+      else:
+        st = os.stat(p)
+        out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns,
+                                         hashlib.sha256(open(p, "rb").read()).hexdigest())
   return out
 
 
