@@ -433,8 +433,8 @@ def quarantine(mngr: ocp.CheckpointManager, model_dir: str,
 
 
 def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
-  """The trainable parameters of checkpoint `step` (host arrays, flat paths), verified against
-  their fingerprint; raises on a damaged checkpoint."""
+  """The trainable parameters of checkpoint `step` (host arrays, flat paths), after verifying
+  the whole checkpoint against its fingerprint; raises on a damaged checkpoint."""
   directory = epath.Path(step_dir(model_dir, step))
   restored = ocp.StandardCheckpointer().restore(directory / "state")
   data_file = directory / "data" / "metadata"
@@ -442,7 +442,7 @@ def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
   if data_file.exists():
     import json  # pylint: disable=g-import-not-at-top
     saved = json.loads(data_file.read_text()).get("fingerprint")
-  verify(restored["params"], saved, prefix="params/")
+  verify(restored, saved)  # the whole state: "intact" means the same thing as for the trainer
   return {k: np.asarray(v) for k, v in trees.flatten(restored["params"]).items()}
 
 
