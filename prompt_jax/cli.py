@@ -30,8 +30,10 @@ refused with one line naming both values.
 Relative paths (MODEL_DIR, PROMPT_FILE, CHECKPOINT_PATH, INITIAL_CHECKPOINT_PATH, DATA_DIR,
 --data_dir) are made absolute against the working directory first; gs:// paths are unchanged;
 an empty one is refused. Bad configurations print one line `prompt-jax <cmd>: error: ...` and
-exit with status 2, before anything is written to MODEL_DIR. Every command's last line says
-where its results are.
+exit with status 2, before anything is written to MODEL_DIR (--verbose adds the traceback). A
+run that cannot go on (non-finite loss, no intact checkpoint, a failed write) prints one such
+line and exits 1; a run preempted by SIGTERM saves a checkpoint, says so and exits 143 (README
+"When things go wrong"). Every command's last line says where its results are.
 """
 import argparse
 import os
@@ -62,15 +64,23 @@ REQUIRED_MACROS = {
 PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
                "DATA_DIR")
 EXIT_CONFIG_ERROR = 2
-EXIT_FAILURE = 1
+EXIT_FAILURE = 1  # a run that cannot go on, or an unexpected error
+EXIT_PREEMPTED = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
 
 class _Error(Exception):
   """A usage/configuration error reported as one line."""
 
 
+class _OneLineParser(argparse.ArgumentParser):
+  """argparse's errors as one line (`prompt-jax <cmd>: error: ...`), not usage + message."""
+
+  def error(self, message):
+    raise _Error(message + " (prompt-jax <command> --help lists the flags)")
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _OneLineParser(
       prog=f"prompt-jax {command}",
       description=f"prompt-jax {command}: configured by gin, with t5x's flags. "
                   "--gin.NAME=VALUE binds a gin macro or parameter (e.g. "
@@ -152,6 +162,9 @@ def initialize_distributed(args) -> None:
   if args.coordinator_address is None or args.process_count is None or args.process_index is None:
     raise _Error("multi-host runs need --coordinator_address, --process_count and "
                  "--process_index")
+  if not 0 <= args.process_index < args.process_count:
+    raise _Error(f"--process_index={args.process_index} must be in [0, --process_count="
+                 f"{args.process_count}); number the processes 0 .. process_count - 1")
   if not args.multiprocess_gpu:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=args.coordinator_address,
@@ -243,14 +256,15 @@ def check_required(command: str, layers=None) -> None:
       and layers.run_config is None):
     raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
                  f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
+  check_macro_typos()
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
                  f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file")
 
 
-def unbound_macros() -> List[str]:
-  """Macros that some binding references (e.g. %CLASS_LABELS) but nothing binds."""
+def _referenced_macros() -> set:
+  """Macros that some binding references (e.g. %CLASS_LABELS)."""
   import gin  # pylint: disable=g-import-not-at-top
   referenced = set()
 
@@ -267,9 +281,29 @@ def unbound_macros() -> List[str]:
 
   for params in gin.config._CONFIG.values():  # pylint: disable=protected-access
     walk(params)
+  return referenced
+
+
+def unbound_macros() -> List[str]:
+  """Macros that some binding references (e.g. %CLASS_LABELS) but nothing binds."""
+  import gin  # pylint: disable=g-import-not-at-top
   bound = {scope for scope, selector in gin.config._CONFIG  # pylint: disable=protected-access
            if selector == "gin.macro"}
-  return sorted(referenced - bound)
+  return sorted(_referenced_macros() - bound)
+
+
+_USER_MACROS: List[str] = []  # macros bound by --gin.NAME=VALUE / --gin_bindings
+
+
+def check_macro_typos() -> None:
+  """A macro set on the command line that no binding uses is a typo (gin would ignore it)."""
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  referenced = _referenced_macros()
+  for name in _USER_MACROS:
+    if name not in referenced:
+      raise _Error(f"--gin.{name} sets a macro that nothing uses"
+                   + (layering.did_you_mean(name, referenced) or
+                      "; check its spelling against the run's gin files"))
 
 
 def check_against_run(layers) -> None:
@@ -377,6 +411,8 @@ def _print_final(metrics) -> None:
 
 def _gin_command(command: str, rest: Sequence[str]) -> int:
   rest, dot_bindings = split_gin_dot_flags(rest)
+  _USER_MACROS[:] = [b.split("=", 1)[0].strip() for b in dot_bindings + _flag_values(
+      rest, "--gin_bindings") if b.split("=", 1)[0].strip().isupper()]
   args = _parser(command).parse_args(rest)
   initialize_distributed(args)
   if args.tfds_data_dir:
@@ -385,6 +421,8 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   if args.data_dir is not None:
     if not args.data_dir.strip():
       raise _Error("--data_dir is empty (an unset shell variable?): give a directory")
+    if command != "describe":  # describe reads no data
+      _check_data_dir(absolute(args.data_dir))
     import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
     prompt_jax.tasks.set_data_dir(absolute(args.data_dir))  # wins over gin's DATA_DIR and env
   layers = parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings,
@@ -399,6 +437,10 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+    return _fail("", f"unknown command {argv[0]!r}{layering.did_you_mean(argv[0], COMMANDS)} "
+                     f"(commands: {', '.join(COMMANDS)}; prompt-jax <command> --help)")
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
     print(f"usage: prompt-jax {{{','.join(COMMANDS)}}} [flags]   (prompt-jax <cmd> --help)\n\n"
           + __doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
@@ -428,11 +470,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _error(command: str, e: Exception, verbose: bool) -> int:
-  """The one error path: a bad input is one line and exit 2; anything else one line and exit 1
-  (the traceback with --verbose)."""
-  message = _bad_input_message(e)
+  """The one error path: a bad input is one line and exit 2; a run that cannot go on
+  (`RunError`) or anything unexpected one line and exit 1 (the traceback with --verbose); a
+  preempted run (`Preempted`, its checkpoint saved) one line and exit 143."""
+  from prompt_jax.errors import Preempted, RunError  # pylint: disable=g-import-not-at-top
   if verbose:
     traceback.print_exc()
+  if isinstance(e, Preempted):  # gin appends "In call to configurable ..." lines
+    print(f"prompt-jax {command}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    return EXIT_PREEMPTED
+  if isinstance(e, RunError):
+    return _fail(command, str(e).splitlines()[0], EXIT_FAILURE)
+  message = _bad_input_message(e)
   if message is not None:
     return _fail(command, message)
   hint = "" if verbose else " (--verbose shows the traceback)"
@@ -459,9 +508,27 @@ def _bad_input_message(e: Exception) -> Optional[str]:
   return None
 
 
-def _fail(command: str, message: str) -> int:
-  print(f"prompt-jax {command}: error: {message}", file=sys.stderr, flush=True)
-  return EXIT_CONFIG_ERROR
+def _check_data_dir(path: str) -> None:
+  if "://" not in path and not os.path.isdir(path):
+    raise _Error(f"--data_dir {path} is not a directory; point it at a folder laid out like "
+                 f"../shared/data (super_glue/, glue/, mrqa/, ...) or leave it out to read TFDS")
+
+
+def _flag_values(argv: Sequence[str], flag: str) -> List[str]:
+  """Values of a repeatable `--flag=value` / `--flag value` in argv (before argparse)."""
+  values = []
+  for i, arg in enumerate(argv):
+    if arg.startswith(flag + "="):
+      values.append(arg[len(flag) + 1:])
+    elif arg == flag and i + 1 < len(argv):
+      values.append(argv[i + 1])
+  return values
+
+
+def _fail(command: str, message: str, code: int = EXIT_CONFIG_ERROR) -> int:
+  prog = f"prompt-jax {command}" if command else "prompt-jax"
+  print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+  return code
 
 
 if __name__ == "__main__":

@@ -1,5 +1,26 @@
-"""Errors a user can act on: the CLI prints their message as one line and exits 2."""
+"""Errors a user can act on: the CLI prints their message as one line.
+
+ConfigError: a configuration that cannot work (exit 2, before anything is written).
+RunError: a run that cannot go on (non-finite loss, no intact checkpoint, a write that failed);
+  the message says what was kept and what to do (exit 1).
+Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command resumes (exit 143,
+  the status of a process ended by SIGTERM, so schedulers and wrappers see "terminated", not
+  "finished").
+"""
 
 
 class ConfigError(ValueError):
   """A run configuration that cannot work (message names the macro/value and what is expected)."""
+
+
+class RunError(RuntimeError):
+  """A run that stopped and cannot go on by itself (message: what happened, what is kept, what
+  to do)."""
+
+
+class Preempted(Exception):
+  """SIGTERM (TPU VM / SLURM preemption): a checkpoint at `step` was saved, the run stopped."""
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step

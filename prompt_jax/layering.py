@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import tokenize
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from prompt_jax.errors import ConfigError
@@ -67,11 +68,69 @@ def first_line(e: BaseException) -> str:
   return "; ".join(lines[:3])
 
 
+def did_you_mean(name: str, choices) -> str:
+  """'; did you mean X?' for the closest of `choices`, or ''."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  close = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
+  return f"; did you mean {close[0]}?" if close else ""
+
+
 def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
   try:
     _gin().parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
+  except tokenize.TokenError as e:  # unbalanced brackets: gin does not say where
+    raise ConfigError(f"gin: {_unbalanced(files) or first_line(e)}") from e
   except (ValueError, KeyError, SyntaxError, IOError) as e:
-    raise ConfigError(f"gin: {first_line(e)}") from e
+    raise ConfigError(f"gin: {first_line(e)}{_gin_hint(e)}") from e
+
+
+def _gin_path(f: str) -> Optional[str]:
+  """Where gin finds the file `f` (as given, or in a search path)."""
+  from gin import config as gin_config  # pylint: disable=g-import-not-at-top
+  candidates = [f] + [os.path.join(d, f) for d in gin_config._LOCATION_PREFIXES]  # pylint: disable=protected-access
+  return next((p for p in candidates if os.path.exists(p)), None)
+
+
+def _unbalanced(files: Sequence[str]) -> Optional[str]:
+  """'<file>: a bracket opened on line N is never closed' for the first such gin file."""
+  import io  # pylint: disable=g-import-not-at-top
+  for f in files:
+    path = _gin_path(f)
+    if path is None:
+      continue
+    with open(path) as fh:
+      text = fh.read()
+    opened = []  # line of each bracket still open
+    try:
+      for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+          opened.append(tok.start[0])
+        elif tok.type == tokenize.OP and tok.string in ")]}" and opened:
+          opened.pop()
+    except tokenize.TokenError:
+      return (f"{path}: the bracket opened on line {opened[-1] if opened else '?'} is never "
+              f"closed")
+  return None
+
+
+def _gin_hint(e: BaseException) -> str:
+  """'did you mean' for a misspelled configurable or parameter in a gin error."""
+  import re  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  text = str(e)
+  registry = gin.config._REGISTRY  # pylint: disable=protected-access
+  match = re.search(r"No configurable matching '([^']+)'", text)
+  if match:
+    return did_you_mean(match.group(1), [k for k, _ in registry.items()])
+  match = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", text)
+  if match:
+    try:
+      import inspect  # pylint: disable=g-import-not-at-top
+      fn = registry.get_match(match.group(1)).wrapped
+      return did_you_mean(match.group(2), inspect.signature(fn).parameters)
+    except Exception:  # pylint: disable=broad-except
+      return ""
+  return ""
 
 
 def _rank(path: str) -> int:
@@ -79,6 +138,11 @@ def _rank(path: str) -> int:
     if path.startswith(prefix):
       return rank
   return len(PACKAGED_ORDER)
+
+
+def _gin_files(gin_dir: str) -> List[str]:
+  return [os.path.relpath(os.path.join(d, f), gin_dir)
+          for d, _, fs in os.walk(gin_dir) for f in fs if f.endswith(".gin")]
 
 
 def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
@@ -98,7 +162,8 @@ def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
   packaged.sort(key=_rank)  # stable: same-kind files keep their order
   for f in packaged + own:
     if not (os.path.exists(f) or any(os.path.exists(os.path.join(d, f)) for d in dirs)):
-      raise ConfigError(f"gin file {f!r} not found (searched ., {', '.join(dirs)})")
+      raise ConfigError(f"gin file {f!r} not found (searched ., {', '.join(dirs)})"
+                        + did_you_mean(f, _gin_files(gin_dir)))
   return dirs, packaged, own
 
 

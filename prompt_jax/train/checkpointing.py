@@ -1,41 +1,249 @@
 """Orbax checkpoints of the trainable state (+ data position) and `.npy` exports of prompts.
 
 Layout under MODEL_DIR:
-  checkpoints/<step>/state/   trainable params, optimizer state, step   (orbax, atomic)
-  checkpoints/<step>/data/    {"position": batches consumed}             (json)
+  checkpoints/<step>/state/            trainable params, optimizer state, step   (orbax, atomic)
+  checkpoints/<step>/data/             {"position", "batch_size", "num_data_shards",
+                                        "fingerprint": {leaf path: uint32}}       (json)
+  checkpoints/<step>/data_iterators/   tf.data iterator state of each data shard (tf.train.Checkpoint)
   numpy_checkpoints/checkpoint_<step>/<param path with '.'>.npy         (process 0 only)
+  corrupt_checkpoints/<step>/          checkpoints that failed to restore, moved aside (never deleted)
 Frozen parameters are never saved: a restart reloads them from INITIAL_CHECKPOINT_PATH.
+
+Intact: a checkpoint is intact when orbax restores it AND the restored values have the fingerprint
+saved with them. The fingerprint is needed: orbax (OCDBT) restores a data file with a flipped byte
+without complaint (tests/train/test_reliability.py shows it). `latest_intact` is the one function
+that finds the newest intact checkpoint; `latest_step` is its read-only step-only form (eval/infer).
 """
+import dataclasses
+import logging
 import os
 import re
-from typing import Any, Container, Mapping, Optional, Tuple
+import shutil
+import tempfile
+from typing import Any, Callable, Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 import orbax.checkpoint as ocp
 
 from prompt_jax import trees
+from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.train import state as state_lib
 
 CHECKPOINTS_DIR = "checkpoints"
 NUMPY_DIR = "numpy_checkpoints"
+CORRUPT_DIR = "corrupt_checkpoints"
+ITEMS = ("state", "data", "data_iterators")
+# Free space below which MODEL_DIR counts as full before training starts.
+MIN_FREE_BYTES = 64 << 20
 
 
 def checkpoints_dir(model_dir: str) -> str:
   return os.path.join(model_dir, CHECKPOINTS_DIR)
 
 
-def latest_step(model_dir: str) -> Optional[int]:
-  """The latest complete checkpoint step under MODEL_DIR (local or gs://), read without
-  creating anything. Unfinished saves (orbax tmp dirs) do not count."""
+def step_dir(model_dir: str, step: int) -> str:
+  return os.path.join(checkpoints_dir(model_dir), str(step))
+
+
+def steps(model_dir: str) -> List[int]:
+  """Finished checkpoint steps under MODEL_DIR (local or gs://), newest first, read without
+  creating anything. Unfinished saves (orbax tmp dirs) do not count; nothing is verified."""
   directory = epath.Path(checkpoints_dir(model_dir))
   if not directory.is_dir():
-    return None
-  steps = [int(d.name) for d in directory.iterdir()
-           if re.fullmatch(r"\d+", d.name) and (d / "state").is_dir()]
-  return max(steps) if steps else None
+    return []
+  return sorted((int(d.name) for d in directory.iterdir()
+                 if re.fullmatch(r"\d+", d.name) and (d / "state").is_dir()), reverse=True)
 
+
+# ===== Writable MODEL_DIR =====
+
+def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+  """ConfigError unless MODEL_DIR is (or can be created as) a writable directory with room for
+  checkpoints. Creates nothing: probes with a temporary file in the nearest existing directory.
+  Remote paths (gs://...) are not checked here."""
+  if "://" in model_dir:
+    return
+  path = os.path.abspath(model_dir)
+  probe_dir = path
+  while not os.path.exists(probe_dir):
+    parent = os.path.dirname(probe_dir)
+    if parent == probe_dir:
+      break
+    probe_dir = parent
+  if not os.path.isdir(probe_dir):
+    what = "MODEL_DIR" if probe_dir == path else f"{probe_dir} (a parent of MODEL_DIR)"
+    raise ConfigError(f"MODEL_DIR {model_dir!r} cannot be a directory: {what} is a file; "
+                      f"choose another MODEL_DIR or move that file away")
+  try:
+    with tempfile.TemporaryFile(dir=probe_dir, prefix=".prompt_jax_write_probe") as f:
+      f.write(b"\0" * 65536)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise ConfigError(f"MODEL_DIR {model_dir!r} is not writable ({probe_dir}: {e.strerror}); "
+                      f"choose a writable MODEL_DIR or fix its permissions") from None
+  free = shutil.disk_usage(probe_dir).free
+  if free < min_free_bytes:
+    raise ConfigError(f"MODEL_DIR {model_dir!r} is on a full filesystem ({free >> 20} MiB free, "
+                      f"checkpoints need at least {min_free_bytes >> 20} MiB); free space or "
+                      f"choose another MODEL_DIR")
+
+
+# ===== Fingerprints: detect damaged values =====
+
+def _key_name(k) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def leaf_paths(tree: Any) -> Dict[str, Any]:
+  """{'params/encoder/prompt/prompt/prompt': leaf, 'opt_state/0/v/...': leaf, ...}: the same
+  names for a namedtuple optimizer state and for orbax's metadata tree of it."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {"/".join(_key_name(k) for k in path): leaf for path, leaf in flat}
+
+
+def _leaf_fingerprint(x: jax.Array) -> jax.Array:
+  """sum_i bits(x_i) * (2 i + 1) mod 2**32: modular integer arithmetic, so the same for any
+  sharding or reduction order; any single changed element changes it (odd weights)."""
+  size = x.dtype.itemsize
+  if x.dtype == jnp.bool_:
+    u = x.astype(jnp.uint32)
+  elif size == 8:
+    u64 = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    u = (u64 ^ (u64 >> 32)).astype(jnp.uint32)
+  else:
+    u = jax.lax.bitcast_convert_type(x, {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[size])
+    u = u.astype(jnp.uint32)
+  index, stride = jnp.zeros(x.shape, jnp.uint32), 1
+  for axis in reversed(range(x.ndim)):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
+    stride = (stride * x.shape[axis]) % (1 << 32)
+  return jnp.sum(u * (index * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
+
+
+_fingerprints = jax.jit(lambda leaves: {k: _leaf_fingerprint(v) for k, v in leaves.items()})
+
+
+def fingerprint(tree: Any) -> Dict[str, int]:
+  """{leaf path: uint32 fingerprint} of every array in `tree` (computed on device; compiled
+  once per tree structure)."""
+  leaves = {k: v for k, v in leaf_paths(tree).items() if hasattr(v, "dtype")}
+  return {k: int(np.asarray(_host(v))) for k, v in _fingerprints(leaves).items()}
+
+
+def _host(x):
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_data(0)
+  return jax.device_get(x)
+
+
+class CorruptCheckpoint(Exception):
+  """A checkpoint that cannot be restored as saved."""
+
+
+def verify(tree: Any, saved: Optional[Mapping[str, int]], prefix: str = "") -> None:
+  """CorruptCheckpoint if a leaf of `tree` differs from its saved fingerprint. Checkpoints
+  written before fingerprints existed (`saved` None) are taken as they are."""
+  if saved is None:
+    return
+  got = fingerprint(tree)
+  for path, value in got.items():
+    want = saved.get(prefix + path)
+    if want is not None and int(want) != value:
+      raise CorruptCheckpoint(f"the values of {prefix + path} differ from those saved "
+                              f"(a data file is damaged)")
+
+
+# ===== tf.data iterator state as an orbax item =====
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+  """Saves/restores tf.data iterators, one `tf.train.Checkpoint` per data shard
+  (`shard-00003-of-00008.index` / `.data-*`), as t5x's `_TfDataCheckpointer` does per process.
+  Each process writes the shards it owns into orbax's temporary directory, so the state is
+  committed atomically with the rest of the checkpoint. A pipeline tf.data cannot checkpoint
+  (e.g. `from_generator`) leaves a `.unsupported` note; restoring it raises DataStateUnavailable
+  and the trainer replays the stream instead."""
+
+  def save(self, directory: epath.Path, args: "DataIteratorSave"):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    for shard, iterator in args.iterators.items():
+      prefix = directory / _shard_name(shard, args.num_shards)
+      try:
+        tf.train.Checkpoint(ds=iterator).write(str(prefix))
+      except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError) as e:
+        # A stateful op (py_function, from_generator) cannot be serialised; a write error
+        # (disk full) is another OpError and fails the save.
+        _warn_once(f"the training data pipeline cannot save its position ({_first_line(e)}); "
+                   f"a restart will replay the consumed batches instead")
+        (directory / (_shard_name(shard, args.num_shards) + ".unsupported")).write_text(str(e))
+
+  def restore(self, directory: epath.Path, args: "DataIteratorRestore"):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    for shard, iterator in args.iterators.items():
+      name = _shard_name(shard, args.num_shards)
+      if (directory / (name + ".unsupported")).exists():
+        raise DataStateUnavailable(f"{directory / name} was not saved")
+      if not (directory / (name + ".index")).exists():
+        raise CorruptCheckpoint(f"{directory / name}.index is missing")
+      try:
+        tf.train.Checkpoint(ds=iterator).read(str(directory / name)).assert_consumed()
+      except (tf.errors.OpError, AssertionError, ValueError) as e:
+        raise CorruptCheckpoint(f"data iterator {name}: {_first_line(e)}") from e
+    return None
+
+
+class DataStateUnavailable(Exception):
+  """The checkpoint holds no iterator state for the pipeline (it is not checkpointable)."""
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataIteratorSave(ocp.args.CheckpointArgs):
+  iterators: Mapping[int, Any]  # shard -> tf.data.Iterator (the shards this process owns)
+  num_shards: int
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorRestore(ocp.args.CheckpointArgs):
+  iterators: Mapping[int, Any]  # shard -> tf.data.Iterator (every shard this process reads)
+  num_shards: int
+
+
+def _shard_name(shard: int, num_shards: int) -> str:
+  return f"shard-{shard:05d}-of-{num_shards:05d}"
+
+
+_WARNED = set()
+
+
+def _warn_once(message: str) -> None:
+  if message not in _WARNED:
+    _WARNED.add(message)
+    logging.warning(message)
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def reason(e: BaseException) -> str:
+  """The short cause of a failed read or write ('File too large', 'No space left on device')."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  text = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(e, "message", None) or _first_line(e))
+  text = re.sub(r"\s*\[Op:[^\]]*\]\s*$", "", text)
+  return text.rsplit("; ", 1)[-1].strip() or type(e).__name__
+
+
+# ===== Save / restore =====
 
 def manager(model_dir: str, *, period: int, keep: Optional[int],
             read_only: bool = False) -> ocp.CheckpointManager:
@@ -43,27 +251,209 @@ def manager(model_dir: str, *, period: int, keep: Optional[int],
   options = ocp.CheckpointManagerOptions(
       save_interval_steps=max(1, period), max_to_keep=keep, create=not read_only,
       read_only=read_only, enable_async_checkpointing=False)
-  return ocp.CheckpointManager(checkpoints_dir(model_dir), options=options,
-                               item_names=("state", "data"))
+  return ocp.CheckpointManager(
+      checkpoints_dir(model_dir), options=options,
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "data": ocp.JsonCheckpointHandler(),
+                     "data_iterators": DataIteratorHandler()})
 
 
 def save(mngr: ocp.CheckpointManager, step: int, train_state: state_lib.TrainState,
-         data_position: int, force: bool = False) -> bool:
-  return mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(train_state.as_dict()),
-      data=ocp.args.JsonSave({"position": int(data_position)})), force=force)
+         data_position: int, force: bool = False, stream=None) -> bool:
+  """Saves the state, its fingerprint, the data position and (with `stream`, a
+  data.TrainStream) the iterator state of the data shards this process owns."""
+  state = train_state.as_dict()
+  data = {"position": int(data_position), "fingerprint": fingerprint(state)}
+  items = dict(state=ocp.args.StandardSave(state))
+  if stream is not None:
+    data.update(batch_size=stream.cfg.batch_size, num_data_shards=stream.num_shards)
+    items["data_iterators"] = DataIteratorSave(
+        {k: stream.iterators[k] for k in stream.owned}, stream.num_shards)
+  items["data"] = ocp.args.JsonSave(data)
+  quiet = _QuietOrbaxThreadErrors()
+  absl_logger = logging.getLogger("absl")
+  absl_logger.addFilter(quiet)
+  try:
+    return mngr.save(step, args=ocp.args.Composite(**items), force=force)
+  finally:
+    absl_logger.removeFilter(quiet)
 
 
-def restore(mngr: ocp.CheckpointManager, step: int,
-            abstract_state: state_lib.TrainState) -> Tuple[state_lib.TrainState, int]:
-  """(state placed as `abstract_state`'s shardings, data position) of checkpoint `step`."""
-  restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state.as_dict()),
-      data=ocp.args.JsonRestore()))
+class _QuietOrbaxThreadErrors(logging.Filter):
+  """Orbax's save threads log a failed write with its traceback before re-raising it to the
+  caller, who reports it in one line (train/loop.py): drop that duplicate."""
+
+  def filter(self, record):
+    return not (record.exc_info and "orbax" in record.pathname and "futures" in record.pathname)
+
+
+@dataclasses.dataclass
+class Restored:
+  step: int
+  state: state_lib.TrainState
+  position: int
+  data_restored: bool  # False: the stream must be replayed to `position`
+  broken: List[Tuple[int, str]]  # newer checkpoints that failed, (step, reason)
+
+
+def _check_structure(model_dir: str, step: int, abstract: Mapping[str, Any]) -> None:
+  """ConfigError if checkpoint `step` was written for other parameters (another prompt length,
+  method or optimizer): that is a configuration change, not damage."""
+  try:
+    meta = ocp.StandardCheckpointHandler().metadata(epath.Path(step_dir(model_dir, step)) / "state")
+    saved = {k: tuple(v.shape) for k, v in leaf_paths(getattr(meta, "tree", meta)).items()
+             if hasattr(v, "shape")}
+  except Exception as e:  # pylint: disable=broad-except
+    raise CorruptCheckpoint(f"its metadata cannot be read ({_first_line(e)})") from e
+  want = {k: tuple(v.shape) for k, v in leaf_paths(abstract).items()}
+  for path in sorted(set(want) | set(saved), key=lambda p: (not p.startswith("params/"), p)):
+    if saved.get(path) != want.get(path):
+      raise ConfigError(
+          f"checkpoint {step_dir(model_dir, step)} holds {path} of shape {saved.get(path)} but "
+          f"this configuration has {want.get(path)}: resume with the run's own config "
+          f"({os.path.join(model_dir, 'config.gin')}) or use a new MODEL_DIR")
+
+
+def _restore_one(mngr: ocp.CheckpointManager, model_dir: str, step: int,
+                 abstract_state: state_lib.TrainState, stream) -> Restored:
+  abstract = abstract_state.as_dict()
+  _check_structure(model_dir, step, abstract)
+  items = {"state": ocp.args.StandardRestore(abstract), "data": ocp.args.JsonRestore()}
+  has_iterators = (stream is not None and
+                   (epath.Path(step_dir(model_dir, step)) / "data_iterators").is_dir())
+  restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  data = restored["data"]
+  if stream is not None:
+    _check_data_layout(model_dir, step, data, stream)
   s = restored["state"]
-  return (state_lib.TrainState(s["step"], s["params"], s["opt_state"]),
-          int(restored["data"]["position"]))
+  verify(s, data.get("fingerprint"))
+  data_restored = False
+  if has_iterators:
+    try:
+      mngr.restore(step, args=ocp.args.Composite(data_iterators=DataIteratorRestore(
+          stream.iterators, stream.num_shards)))
+      data_restored = True
+    except DataStateUnavailable:
+      pass  # the trainer replays the stream to `position`
+  return Restored(step, state_lib.TrainState(s["step"], s["params"], s["opt_state"]),
+                  int(data["position"]), data_restored, [])
 
+
+def _check_data_layout(model_dir: str, step: int, data: Mapping[str, Any], stream) -> None:
+  saved = (data.get("batch_size"), data.get("num_data_shards"))
+  if saved[0] is None:
+    return  # written before the layout was recorded
+  if saved != (stream.cfg.batch_size, stream.num_shards):
+    raise ConfigError(
+        f"checkpoint {step_dir(model_dir, step)} was written with BATCH_SIZE={saved[0]} and "
+        f"num_data_shards={saved[1]}; resume with the same values (the data order depends on "
+        f"them) or use a new MODEL_DIR")
+
+
+def latest_intact(model_dir: str, restore: Callable[[int], Any]) -> Optional[Tuple[int, Any,
+                                                                                    List]]:
+  """THE newest intact checkpoint: (step, restore(step), [(newer broken step, reason)]).
+
+  Tries the finished checkpoints newest first; a step whose `restore` raises (other than a
+  ConfigError, which is the configuration's fault) is broken and the next older one is tried,
+  with a warning naming both. All processes agree on the step. None: MODEL_DIR has no
+  checkpoint. RunError (nothing changed on disk): there are checkpoints but none is intact."""
+  broken: List[Tuple[int, str]] = []
+  for step in steps(model_dir):
+    try:
+      result, error = restore(step), None
+    except ConfigError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+      result, error = None, _first_line(e)
+    if not _all_processes_agree(error is None):
+      broken.append((step, error or "it failed to restore on another process"))
+      continue
+    if broken:
+      logging.warning("%s", _fallback_message(model_dir, broken, step))
+    return step, result, broken
+  if broken:
+    raise RunError(
+        f"no intact checkpoint in {checkpoints_dir(model_dir)}: "
+        + "; ".join(f"step {s}: {r}" for s, r in broken)
+        + ". Nothing was changed or deleted; restore the files from a copy, or start over with "
+          "a new MODEL_DIR")
+  return None
+
+
+def _fallback_message(model_dir: str, broken: Sequence[Tuple[int, str]], step: int) -> str:
+  newest, reason = broken[0]
+  more = (f" (and {', '.join(str(s) for s, _ in broken[1:])})" if len(broken) > 1 else "")
+  return (f"checkpoint {step_dir(model_dir, newest)}{more} cannot be restored ({reason}); "
+          f"resuming from {step_dir(model_dir, step)}, the newest intact checkpoint")
+
+
+def _all_processes_agree(ok: bool) -> bool:
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def restore_latest(mngr: ocp.CheckpointManager, model_dir: str,
+                   abstract_state: state_lib.TrainState, stream=None) -> Optional[Restored]:
+  """The newest intact checkpoint restored into `abstract_state`'s shardings (and `stream`'s
+  iterators), or None. Broken newer checkpoints are listed in `.broken` (see `quarantine`)."""
+  found = latest_intact(
+      model_dir, lambda step: _restore_one(mngr, model_dir, step, abstract_state, stream))
+  if found is None:
+    return None
+  _, restored, broken = found
+  restored.broken = broken
+  return restored
+
+
+def quarantine(mngr: ocp.CheckpointManager, model_dir: str,
+               broken: Sequence[Tuple[int, str]]) -> None:
+  """Moves broken checkpoints to MODEL_DIR/corrupt_checkpoints/<step> (process 0), so the
+  manager neither counts them against `keep` (which would delete the intact one in their
+  favour) nor collides with them when it saves those steps again. Nothing is deleted."""
+  if not broken:
+    return
+  if jax.process_index() == 0:
+    target = epath.Path(model_dir) / CORRUPT_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for step, reason in broken:
+      dest = target / str(step)
+      n = 1
+      while dest.exists():
+        dest, n = target / f"{step}.{n}", n + 1
+      epath.Path(step_dir(model_dir, step)).rename(dest)
+      (dest / "WHY.txt").write_text(f"failed to restore: {reason}\n")
+      logging.warning("moved the broken checkpoint %s to %s", step_dir(model_dir, step), dest)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("prompt_jax:quarantine")
+  mngr.reload()
+
+
+def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
+  """The trainable parameters of checkpoint `step` (host arrays, flat paths), after verifying
+  the whole checkpoint against its fingerprint; raises on a damaged checkpoint."""
+  directory = epath.Path(step_dir(model_dir, step))
+  restored = ocp.StandardCheckpointer().restore(directory / "state")
+  data_file = directory / "data" / "metadata"
+  saved = None
+  if data_file.exists():
+    import json  # pylint: disable=g-import-not-at-top
+    saved = json.loads(data_file.read_text()).get("fingerprint")
+  verify(restored, saved)  # the whole state: "intact" means the same thing as for the trainer
+  return {k: np.asarray(v) for k, v in trees.flatten(restored["params"]).items()}
+
+
+def latest_step(model_dir: str) -> Optional[int]:
+  """The newest intact checkpoint step under MODEL_DIR (read-only: warns about newer broken
+  ones, moves nothing). None when MODEL_DIR has no checkpoint; RunError when none is intact."""
+  found = latest_intact(model_dir, lambda step: read_params(model_dir, step))
+  return None if found is None else found[0]
+
+
+# ===== .npy exports =====
 
 def export_numpy(model_dir: str, step: int, trainable: Mapping[str, Any],
                  exclude: Container[str] = ()) -> Optional[str]:
@@ -83,6 +473,22 @@ def export_numpy(model_dir: str, step: int, trainable: Mapping[str, Any],
     out.rmtree()
   tmp.rename(out)  # atomic locally; on GCS a copy, written only after every array
   return str(out)
+
+
+def exported(model_dir: str, step: int) -> bool:
+  return (epath.Path(model_dir) / NUMPY_DIR / f"checkpoint_{step}").is_dir()
+
+
+def all_finite(tree: Any) -> bool:
+  """Whether every floating value of `tree` is finite (one device reduction, one host read)."""
+  leaves = [x for x in jax.tree_util.tree_leaves(tree)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return True
+  return bool(np.asarray(_host(_all_finite(leaves))))
+
+
+_all_finite = jax.jit(lambda xs: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])))
 
 
 def _fully_addressable(x):

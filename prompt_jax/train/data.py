@@ -2,12 +2,23 @@
 
 Configured as t5x's `utils.DatasetConfig` (same field names), so gin lines read the same:
   train/DatasetConfig.mixture_or_task_name = %MIXTURE_OR_TASK_NAME
-Each process reads its shard of the data (seqio.ShardInfo) and yields `batch_size //
+
+Evaluation: each process reads its shard of the data (seqio.ShardInfo) and yields `batch_size //
 process_count` rows; the loop assembles the global batch sharded on `data`.
+
+Training (`TrainStream`): the global batch does not depend on the topology. The split is read as
+a fixed number K of data shards (`num_data_shards`, seqio.ShardInfo(k, K)); the global batch of
+every step is shard 0's next B/K rows, then shard 1's, ... Each process reads the shards that
+overlap the rows its devices hold (`process_rows`) and keeps those rows, so 1 process x 4 devices
+and 2 processes x 2 devices train on the same rows in the same order. Each shard's position is its
+tf.data iterator state, saved in every checkpoint (t5x's `save_dataset`, per data shard instead
+of per process): a restart restores it in O(shuffle buffer), not O(steps) as `skip` would.
 """
+import contextlib
 import dataclasses
 import importlib
-from typing import Iterator, Mapping, Optional
+import inspect
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -69,6 +80,49 @@ def check_split(task, split: str) -> None:
     raise ConfigError(f"task {task.name!r} has no split {split!r}; it has {sorted(splits)}")
 
 
+def check_feature_lengths(cfg: DatasetConfig) -> None:
+  lengths = cfg.task_feature_lengths
+  if not isinstance(lengths, Mapping) or set(lengths) != {"inputs", "targets"} or not all(
+      isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in lengths.values()):
+    raise ConfigError(f"TASK_FEATURE_LENGTHS must map 'inputs' and 'targets' to positive "
+                      f"lengths, e.g. {{'inputs': 512, 'targets': 8}}; got {lengths!r}")
+
+
+@contextlib.contextmanager
+def user_data_errors():
+  """A missing or malformed data file (or vocabulary) while building a pipeline is the user's to
+  fix: re-raised as a ConfigError with the reader's one-line message (file:line, what to do).
+  tf.data may wrap the error while tracing a preprocessor (autograph's StagingError)."""
+  try:
+    yield
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    message = _user_data_error(e)
+    if message is None:
+      raise
+    raise ConfigError(message) from e
+
+
+def _user_data_error(e: BaseException) -> Optional[str]:
+  try:
+    from prompt_jax.tasks import DataFormatError  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    DataFormatError = FileNotFoundError  # pylint: disable=invalid-name
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, (FileNotFoundError, DataFormatError)):
+      text = str(e).strip()
+      return text.splitlines()[0] if text else type(e).__name__
+    for name in ("FileNotFoundError", "DataFormatError"):  # wrapped as text by autograph
+      for line in str(e).splitlines():
+        if line.strip().startswith(name + ": "):
+          return line.strip()[len(name) + 2:]
+    e = e.__cause__ or e.__context__
+  return None
+
+
 def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
                 shard_id: Optional[int] = None, num_shards: Optional[int] = None,
                 start_position: int = 0, drop_remainder: bool = True) -> tf.data.Dataset:
@@ -78,22 +132,106 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
   if cfg.batch_size % num_shards:
     raise ConfigError(f"BATCH_SIZE={cfg.batch_size} is not divisible by the "
                       f"{num_shards} processes")
+  check_feature_lengths(cfg)
   task = get_task(cfg.mixture_or_task_name, cfg.module)
   check_split(task, cfg.split)
-  ds = task.get_dataset(
-      sequence_length=dict(cfg.task_feature_lengths), split=cfg.split, use_cached=cfg.use_cached,
-      shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
-      shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
-  converter = seqio.EncDecFeatureConverter(pack=cfg.pack)
-  ds = converter(ds, dict(cfg.task_feature_lengths))
+  with user_data_errors():
+    ds = task.get_dataset(
+        sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
+        use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
+        shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
+    converter = seqio.EncDecFeatureConverter(pack=cfg.pack)
+    ds = converter(ds, dict(cfg.task_feature_lengths))
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=drop_remainder)
   if start_position:
     ds = ds.skip(start_position)  # deterministic resume: same seed, same order
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
+MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+                  "decoder_loss_weights")
+
+
 def numpy_batches(ds: tf.data.Dataset) -> Iterator[Mapping[str, np.ndarray]]:
   for batch in ds.as_numpy_iterator():
-    yield {k: v for k, v in batch.items()
-           if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
-                    "decoder_loss_weights")}
+    yield {k: v for k, v in batch.items() if k in MODEL_FEATURES}
+
+
+# ===== Training: a topology-independent global stream =====
+
+def process_rows(sharding, batch_size: int) -> Tuple[int, int]:
+  """[start, stop) of the global batch rows that this process's devices hold under `sharding`
+  (the `data` sharding of a [batch, ...] array)."""
+  spans = set()
+  for index in sharding.addressable_devices_indices_map((batch_size, 1)).values():
+    rows = index[0]
+    spans.add((rows.start or 0, batch_size if rows.stop is None else rows.stop))
+  spans = sorted(spans)
+  for (_, stop), (start, _) in zip(spans, spans[1:]):
+    if start != stop:
+      raise ConfigError(f"this process's devices hold rows {spans} of the batch, not one "
+                        f"contiguous block; the data layout needs the devices of each process "
+                        f"next to each other on the mesh's data axis")
+  return spans[0][0], spans[-1][1]
+
+
+def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
+                  skip: int = 0) -> tf.data.Dataset:
+  """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted and
+  batched by `batch_size // num_shards`, after `skip` batches."""
+  check_feature_lengths(cfg)
+  task = get_task(cfg.mixture_or_task_name, cfg.module)
+  check_split(task, cfg.split)
+  kwargs = {}
+  if "try_in_mem_cache" in inspect.signature(task.get_dataset).parameters:
+    # seqio caches small splits in memory; a checkpointed iterator would then carry the whole
+    # cache. Without it the iterator state is the shuffle buffer (the order is the same).
+    kwargs["try_in_mem_cache"] = False
+  with user_data_errors():
+    ds = task.get_dataset(
+        sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
+        use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None,
+        shard_info=seqio.ShardInfo(index=shard, num_shards=num_shards), **kwargs)
+    ds = seqio.EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
+  ds = ds.map(lambda ex: {k: ex[k] for k in MODEL_FEATURES})
+  ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
+  if skip:
+    ds = ds.skip(skip)  # only for checkpoints without iterator state: O(skip)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+class TrainStream:
+  """This process's rows of each step's global batch (see the module docstring).
+
+  `iterators`: shard -> tf.data iterator, every shard this process reads; `owned`: the shards
+  whose state this process saves (those whose first row is on this process, so each shard is
+  saved by exactly one process)."""
+
+  def __init__(self, cfg: DatasetConfig, num_shards: int, rows: Tuple[int, int]):
+    if num_shards < 1 or cfg.batch_size % num_shards:
+      raise ConfigError(f"BATCH_SIZE={cfg.batch_size} is not divisible by num_data_shards="
+                        f"{num_shards}; choose a number of data shards that divides it")
+    self.cfg = cfg
+    self.num_shards = num_shards
+    self.rows_per_shard = cfg.batch_size // num_shards
+    start, stop = rows
+    self.shards: List[int] = list(range(start // self.rows_per_shard,
+                                        -(-stop // self.rows_per_shard)))
+    self._offset = start - self.shards[0] * self.rows_per_shard
+    self._rows = stop - start
+    self.owned: List[int] = [k for k in self.shards if start <= k * self.rows_per_shard < stop]
+    self.iterators: Dict[int, tf.data.Iterator] = {}
+    self.restart(skip=0)
+
+  def restart(self, skip: int) -> None:
+    """New pipelines positioned after `skip` batches (replaying them through tf.data)."""
+    self.iterators = {k: iter(shard_dataset(self.cfg, k, self.num_shards, skip))
+                      for k in self.shards}
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Dict[str, np.ndarray]:
+    parts = [next(self.iterators[k]) for k in self.shards]
+    return {name: np.concatenate([p[name].numpy() for p in parts])[
+        self._offset:self._offset + self._rows] for name in MODEL_FEATURES}

@@ -3,7 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -12,9 +12,10 @@ import numpy as np
 
 from prompt_jax import partitioning
 from prompt_jax import run_setup
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, Preempted, RunError
 from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
+from prompt_jax.train import guards
 from prompt_jax.train import losses
 from prompt_jax.train import methods
 from prompt_jax.train import optimizers
@@ -33,9 +34,11 @@ def write_config(model_dir: str) -> None:
     tmp.replace(directory / run_dir.CONFIG_FILE)
 
 
-def global_batch(local: Mapping[str, np.ndarray], sharding) -> Dict[str, jax.Array]:
-  """Per-process rows -> global jax.Arrays sharded on `data`."""
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+def global_batch(local: Mapping[str, np.ndarray], sharding,
+                 rows: Optional[int] = None) -> Dict[str, jax.Array]:
+  """Per-process rows -> global jax.Arrays sharded on `data` (`rows`: the global batch size)."""
+  return {k: jax.make_array_from_process_local_data(
+      sharding, v, None if rows is None else (rows,) + v.shape[1:]) for k, v in local.items()}
 
 
 def pad_batch(batch: Mapping[str, np.ndarray], rows: int) -> Dict[str, np.ndarray]:
@@ -103,7 +106,7 @@ def train(*, model_dir: str = gin.REQUIRED,
           stop_after_step: Optional[int] = None, return_state: bool = False,
           eval_before_training: bool = False,
           infer_fn: Optional[Callable[..., Dict[str, float]]] = None,
-          cache_representations: bool = True):
+          cache_representations: bool = True, num_data_shards: int = 1):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
 
   `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
@@ -119,21 +122,34 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   `stop_after_step` ends the run early right after checkpointing that step (what a kill after
   step k leaves behind). `return_state`: return (metrics, run, state) instead (tests).
+
+  `num_data_shards` (K): the training split is read as K seqio shards whose rows are laid out
+  the same way for any number of processes and devices (see train/data.py); it must divide
+  BATCH_SIZE and stay fixed for a run (checkpoints record it). 1: every process reads the whole
+  stream and keeps its rows; more spreads the input work over processes.
+
+  Reliability (README "When things go wrong"): resumes from the newest intact checkpoint (broken
+  newer ones are moved to MODEL_DIR/corrupt_checkpoints), stops on a non-finite loss without
+  saving it, and saves a checkpoint then raises `Preempted` on SIGTERM.
   """
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
-  if total_steps < 1:
-    raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
-  mesh = partitioning.create_mesh(num_partitions)
+  _check_run_values(model_dir, total_steps)
+  mesh = _mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
   vocabulary = task.output_features["targets"].vocabulary
-  latest = checkpointing.latest_step(model_dir)
-  if latest is not None and latest > total_steps:
-    raise ConfigError(f"TRAIN_STEPS={total_steps} is below the step {latest} restored from "
+  found = checkpointing.steps(model_dir)
+  if found and found[0] > total_steps:
+    raise ConfigError(f"TRAIN_STEPS={total_steps} is below the step {found[0]} restored from "
                       f"{checkpointing.checkpoints_dir(model_dir)}; raise TRAIN_STEPS or use a "
                       f"new MODEL_DIR")
+  data_sharding = partitioning.data_sharding(mesh)
+  # Built before the backbone so that data errors (a malformed file) come first.
+  stream = data_lib.TrainStream(
+      train_dataset_cfg, num_data_shards,
+      data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size))
   run = run_setup.prepare(
       config=model.config, prompt=model.prompt,
       feature_lengths=train_dataset_cfg.task_feature_lengths,
@@ -150,21 +166,18 @@ def train(*, model_dir: str = gin.REQUIRED,
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(run.trainable)
   state = state_lib.TrainState(jax.device_put(np.int32(0), replicated), run.trainable, opt_state)
 
+  backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   mngr = checkpointing.manager(model_dir, period=checkpoint_period, keep=keep_checkpoints)
-  position = 0
-  if latest is not None:
-    abstract = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings)
-    state, position = checkpointing.restore(mngr, latest, abstract)
-    summaries.log("restored step %d from %s", latest, checkpointing.checkpoints_dir(model_dir))
+  state, position = _resume(mngr, model_dir, state, state_shardings, stream, backbone)
   write_config(model_dir)
 
-  data_sharding = partitioning.data_sharding(mesh)
   step_fn = jax.jit(
-      state_lib.make_train_step(run.model, tx, z_loss=z_loss,
-                                loss_normalizing_factor=loss_normalizing_factor),
-      in_shardings=(state_shardings, run.frozen_shardings, data_sharding, replicated),
-      out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+      guards.finite_guarded(state_lib.make_train_step(
+          run.model, tx, z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)),
+      in_shardings=(state_shardings, run.frozen_shardings, data_sharding, replicated,
+                    replicated),
+      out_shardings=(state_shardings, replicated, replicated), donate_argnums=(0,))
+  first_bad = guards.initial_flag(replicated)
   eval_step = jax.jit(
       state_lib.make_eval_step(run.model, z_loss=z_loss,
                                loss_normalizing_factor=loss_normalizing_factor),
@@ -172,13 +185,10 @@ def train(*, model_dir: str = gin.REQUIRED,
       out_shardings=replicated)
   dropout_rng = jax.device_put(jax.random.fold_in(jax.random.PRNGKey(random_seed), 1), replicated)
 
-  backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   train_writer = summaries.writer(model_dir, summaries.TRAIN_DIR)
   start = int(jax.device_get(state.step))
   summaries.log("trainable parameters: %d, frozen parameters: %d; training steps %d -> %d",
                 run_setup.count(run.trainable), run_setup.count(run.frozen), start, total_steps)
-  batches = data_lib.numpy_batches(data_lib.get_dataset(train_dataset_cfg,
-                                                        start_position=position))
   progress = summaries.Progress(start, total_steps, train_dataset_cfg.batch_size)
   final_metrics: Dict[str, float] = {}
   # The method's needs beyond the step (train/methods.py): IDPG's cached M(x), its summaries.
@@ -205,19 +215,27 @@ def train(*, model_dir: str = gin.REQUIRED,
       results.update({f"inference_eval/{k}": v for k, v in infer_metrics.items()})
     return results
 
+  def save(done: int) -> None:
+    """Checks for non-finite values, then saves the checkpoint and the .npy export."""
+    guards.check_finite(first_bad, done, lambda: _last_good(model_dir),
+                        lambda: checkpointing.all_finite(state.params))
+    _write_checkpoint(mngr, model_dir, done, state, position, stream, backbone)
+
+  watch = guards.PreemptionWatch().install()  # SIGTERM from here on: save after a step
   if eval_before_training and start == 0:
     evaluate(0)
   for step in range(start, total_steps):
-    local = next(batches)
+    local = next(stream)
     if rep_cache is not None:
       local = rep_cache.add_to(local)
-    batch = global_batch(local, data_sharding)
+    batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)
     with partitioning.axis_rules(mesh):
-      state, metrics = step_fn(state, run.frozen, batch, dropout_rng)
+      state, metrics, first_bad = step_fn(state, run.frozen, batch, dropout_rng, first_bad)
     position += 1
     done = step + 1
     last = done == total_steps
     if done % stats_period == 0 or last:
+      guards.check_finite(first_bad, done, lambda: _last_good(model_dir))
       host = {k: float(v) for k, v in jax.device_get(metrics).items()}
       lr = float(optimizer.schedule(step))
       line = progress.line(done, host, lr)
@@ -229,9 +247,11 @@ def train(*, model_dir: str = gin.REQUIRED,
                                         "learning_rate": lr,
                                         **summaries.Progress.timing(sps,
                                                                     train_dataset_cfg.batch_size)})
-    if done % checkpoint_period == 0 or last or done == stop_after_step:
-      checkpointing.save(mngr, done, state, position, force=True)
-      checkpointing.export_numpy(model_dir, done, state.params, exclude=backbone)
+    saving = done % checkpoint_period == 0 or last or done == stop_after_step
+    if saving:
+      save(done)
+    if watch.requested(done):
+      _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
     if eval_period and (done % eval_period == 0 or last):
       final_metrics = evaluate(done)
     if stop_after_step is not None and done == stop_after_step:
@@ -239,6 +259,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   else:
     if start >= total_steps:
       final_metrics = evaluate(start)
+  watch.uninstall()
   mngr.wait_until_finished()
   mngr.close()
   train_writer.flush()
@@ -246,3 +267,76 @@ def train(*, model_dir: str = gin.REQUIRED,
   if return_state:
     return final_metrics, run, state
   return final_metrics
+
+
+# ===== Reliability: checks, resume, save, preemption (README "When things go wrong") =====
+
+def _check_run_values(model_dir: Any, total_steps: Any) -> None:
+  """Values checked before any compilation or data loading."""
+  if not isinstance(model_dir, str) or not model_dir:
+    raise ConfigError(f"MODEL_DIR must be a directory path string, got {model_dir!r}")
+  if isinstance(total_steps, bool) or not isinstance(total_steps, int):
+    raise ConfigError(f"TRAIN_STEPS must be an integer, got {total_steps!r}")
+  if total_steps < 1:
+    raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
+  checkpointing.check_writable(model_dir)
+
+
+def _mesh(num_partitions: int):
+  try:
+    return partitioning.create_mesh(num_partitions)
+  except ValueError as e:
+    raise ConfigError(f"NUM_PARTITIONS={num_partitions}: {e}") from e
+
+
+def _resume(mngr, model_dir: str, state: state_lib.TrainState, state_shardings,
+            stream: data_lib.TrainStream, backbone) -> Tuple[state_lib.TrainState, int]:
+  """(state, data position) of the newest intact checkpoint, or the fresh `state` and 0.
+  Positions `stream`; moves broken newer checkpoints aside; re-exports a missing .npy."""
+  abstract = jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings)
+  restored = checkpointing.restore_latest(mngr, model_dir, abstract, stream)
+  if restored is None:
+    return state, 0
+  checkpointing.quarantine(mngr, model_dir, restored.broken)
+  if not restored.data_restored and restored.position:
+    summaries.log("replaying %d batches of training data (checkpoint %d has no data "
+                  "iterator state)", restored.position, restored.step)
+    stream.restart(skip=restored.position)
+  summaries.log("restored step %d from %s", restored.step,
+                checkpointing.checkpoints_dir(model_dir))
+  if not checkpointing.exported(model_dir, restored.step):  # killed between save and export
+    checkpointing.export_numpy(model_dir, restored.step, restored.state.params, exclude=backbone)
+  return restored.state, restored.position
+
+
+def _last_good(model_dir: str) -> Optional[str]:
+  found = checkpointing.steps(model_dir)
+  return checkpointing.step_dir(model_dir, found[0]) if found else None
+
+
+def _write_checkpoint(mngr, model_dir: str, step: int, state: state_lib.TrainState,
+                      position: int, stream: data_lib.TrainStream, backbone) -> None:
+  """Checkpoint + .npy export of `step`; a failed write (disk full, permissions) stops the run
+  with one line saying what is kept."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (already loaded by data)
+  try:
+    checkpointing.save(mngr, step, state, position, force=True, stream=stream)
+    checkpointing.export_numpy(model_dir, step, state.params, exclude=backbone)
+  except (OSError, tf.errors.OpError) as e:
+    last = _last_good(model_dir)
+    raise RunError(
+        f"cannot write checkpoint {step} to {model_dir} ({checkpointing.reason(e)}); "
+        + (f"{last} is intact" if last else "no checkpoint was written")
+        + ": free space or fix permissions, then run the same command to resume") from e
+
+
+def _stop_preempted(watch: guards.PreemptionWatch, save: Callable[[int], None], step: int, *,
+                    saved: bool, model_dir: str, mngr) -> None:
+  if not saved:
+    save(step)
+  mngr.wait_until_finished()
+  watch.uninstall()
+  raise Preempted(f"preempted (SIGTERM) at step {step}: saved "
+                  f"{checkpointing.step_dir(model_dir, step)}; run the same command to resume",
+                  step)

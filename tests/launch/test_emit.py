@@ -182,8 +182,8 @@ def test_slurm_scripts_gpu(tmp_path):
 
 
 def test_slurm_script_under_fake_srun_matches_a_plain_run(tmp_path):
-  """train.sbatch's array task 0 under a fake srun: 2 processes x 2 CPU devices on 127.0.0.1 vs
-  the job's command as 1 process x 4 devices."""
+  """train.sbatch's array task 0 under a fake srun: 2 processes x 1 CPU device on 127.0.0.1 vs
+  the job's command as 1 process x 2 devices, bit for bit (helpers.assert_multihost_prompt_matches)."""
   sweep, out, _ = _emit(tmp_path, helpers.MULTIHOST_SPEC, "--target=slurm", "--platform=cpu")
   (job,) = sweep.jobs
   script = os.path.join(out, "train.sbatch")
@@ -200,7 +200,7 @@ def test_slurm_script_under_fake_srun_matches_a_plain_run(tmp_path):
   env = helpers.job_env({
       "FAKE_RECORD": record, "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_ID": str(port - 20000),
       "SLURM_JOB_NODELIST": "fakenode[1-2]", "SLURM_NTASKS": "2",
-      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, [str(fakes)])
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, [str(fakes)])
   rc, output = _run_script(["bash", script], env)
   assert rc == 0, output[-4000:]
   assert f"prompt-jax train on 2 processes, coordinator 127.0.0.1:{port}" in output
@@ -208,6 +208,6 @@ def test_slurm_script_under_fake_srun_matches_a_plain_run(tmp_path):
   (call,) = _records(record)
   assert call["codes"] == [0, 0] and call["command"] == ["bash", "-c"]
   single = str(tmp_path / "single")
-  proc = common.cli_subprocess(helpers.replace_model_dir(job.train_args(), single), devices=4)
+  proc = common.cli_subprocess(helpers.replace_model_dir(job.train_args(), single), devices=2)
   assert proc.returncode == 0, proc.stdout[-3000:]
   helpers.assert_multihost_prompt_matches(job.model_dir, single, step=3)

@@ -1,0 +1,100 @@
+"""What keeps a run's work safe: the non-finite guard and the preemption (SIGTERM) watch.
+
+Non-finite loss or gradients are detected on device: the jitted step carries `first_bad`, the
+first step whose loss or gradient norm was NaN/Inf (-1 while all are finite). The host reads it
+only where it syncs anyway (the stats period) and before every save, so no step waits for the host.
+A save also checks that the parameters themselves are finite. A non-finite run stops with a
+RunError naming the step and the last good checkpoint; nothing non-finite is ever written.
+
+SIGTERM (what TPU VMs, GCE spot VMs and SLURM send before they kill a job) sets a flag; the
+loop checks it after every step, saves a checkpoint at that step and raises `Preempted`. With
+several processes JAX's preemption service (started by jax.distributed.initialize) receives the
+signal and `reached_preemption_sync_point` makes every process stop at the same step.
+"""
+import os
+import signal
+import threading
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from prompt_jax.errors import RunError
+
+NOT_SEEN = -1
+
+
+def finite_guarded(step_fn: Callable) -> Callable:
+  """step(state, frozen, batch, rng) -> (state, metrics) becomes
+  step(state, frozen, batch, rng, first_bad) -> (state, metrics, first_bad)."""
+
+  def step(state, frozen, batch, rng, first_bad):
+    new_state, metrics = step_fn(state, frozen, batch, rng)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    first_bad = jnp.where((first_bad == NOT_SEEN) & ~finite, state.step + 1, first_bad)
+    return new_state, metrics, first_bad
+
+  return step
+
+
+def initial_flag(sharding) -> jax.Array:
+  return jax.device_put(jnp.int32(NOT_SEEN), sharding)
+
+
+def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Optional[str]],
+                 params_finite: Callable[[], bool] = lambda: True) -> None:
+  """RunError if a step so far had a non-finite loss or gradient, or (checked only when the
+  flag is clear) if `params_finite()` is False. One host read of a scalar; `last_good()` (the
+  last checkpoint, for the message) is called only on failure."""
+  bad = int(jax.device_get(first_bad)) if first_bad.is_fully_addressable else int(
+      first_bad.addressable_data(0))
+  what = "the loss or the gradients"
+  if bad == NOT_SEEN:
+    if params_finite():
+      return
+    bad, what = step, "the parameters"
+  last = last_good()
+  kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
+  raise RunError(f"{what} became NaN or Inf at step {bad}; stopped at step {step} without "
+                 f"saving; {kept}. Lower the learning rate (or check the data near that step) "
+                 f"and run again: it resumes from the last good checkpoint")
+
+
+class PreemptionWatch:
+  """`watch = PreemptionWatch().install()`; after each step `if watch.requested(step)`: save
+  and stop; `watch.uninstall()` when the loop ends. A second SIGTERM, or one arriving after the
+  loop ended without uninstalling (an exception), ends the process as SIGTERM normally does."""
+
+  def __init__(self):
+    self._requested = False
+    self._previous = None
+    self._installed = False
+
+  def install(self) -> "PreemptionWatch":
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      self._installed = True
+    return self
+
+  def uninstall(self) -> None:
+    if self._installed:
+      signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
+      self._installed = False
+
+  def _on_sigterm(self, signum, frame) -> None:  # pylint: disable=unused-argument
+    if self._requested:  # asked twice: stop now
+      self.uninstall()
+      os.kill(os.getpid(), signal.SIGTERM)
+      return
+    self._requested = True
+    print("SIGTERM: saving a checkpoint after this step, then stopping", flush=True)
+
+  def requested(self, step: int) -> bool:
+    """Whether to save and stop after `step` (every process calls this at every step)."""
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      try:
+        return multihost_utils.reached_preemption_sync_point(step)
+      except RuntimeError:  # the preemption service is disabled
+        return False
+    return self._requested

@@ -1,0 +1,297 @@
+"""Every user mistake gets one clear line: the bad-input table.
+
+Each row is one mistake a user makes on the command line, in gin, in data files or with
+checkpoints, run as `python -m prompt_jax ...` in a subprocess. Each must: exit non-zero (2 for
+a configuration, 1 for a run that cannot go on), print exactly one `prompt-jax <cmd>: error:`
+line on stderr that says what was wrong and what to do (the `expect` text), print no traceback
+(only `--verbose` does, see the last test), and leave everything previously written unchanged.
+The subprocesses run concurrently (3 at a time) so the table takes about a minute on 2 cores.
+"""
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from typing import Callable, List, Optional
+
+import numpy as np
+import pytest
+
+from tests.train import common
+
+NO_EVAL = "--gin.prompt_jax.train.eval_before_training=False"
+CB_ROW = ('{"premise": "It rained.", "hypothesis": "It was wet.", "label": "entailment", '
+          '"idx": %d}\n')
+
+
+@dataclasses.dataclass
+class Case:
+  id: str
+  argv: Callable[["Context"], List[str]]
+  expect: str  # in the error line
+  code: int = 2
+  model_dir: str = "previous"  # "previous": a copy of a trained run; "fresh": must stay absent
+  devices: int = 1
+  python_code: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Context:
+  tmp: str
+  model_dir: str
+  previous: str  # an untouched trained run (2 steps)
+
+  def path(self, *parts):
+    return os.path.join(self.tmp, *parts)
+
+
+def train(ctx: Context, *extra: str, steps: int = 3) -> List[str]:
+  return ["train"] + common.flags(ctx.model_dir, steps, NO_EVAL, *extra)
+
+
+def _bad_jsonl(ctx):
+  d = ctx.path("data", "super_glue", "CB")
+  os.makedirs(d)
+  with open(os.path.join(d, "train.jsonl"), "w") as f:
+    f.write(CB_ROW % 0 + '{"premise": "It rained.", "hypothesis": \n' + CB_ROW % 2)
+  return ctx.path("data")
+
+
+def _bad_tsv(ctx):
+  d = ctx.path("data", "glue", "SST-2")
+  os.makedirs(d)
+  with open(os.path.join(d, "train.tsv"), "w") as f:
+    f.write("sentence\tlabel\nA fine film .\t1\nA dull one .\tmaybe\n")
+  return ctx.path("data")
+
+
+def _good_cb(ctx):
+  d = ctx.path("data", "super_glue", "CB")
+  os.makedirs(d)
+  with open(os.path.join(d, "train.jsonl"), "w") as f:
+    f.writelines(CB_ROW % i for i in range(8))
+  return ctx.path("data")
+
+
+def _npy(ctx, name, value, allow_pickle=False):
+  path = ctx.path(name)
+  np.save(path, value, allow_pickle=allow_pickle)
+  return path
+
+
+def _gin_file(ctx, text):
+  path = ctx.path("mine.gin")
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+def _file_model_dir(ctx):
+  path = ctx.path("model_dir_is_a_file")
+  with open(path, "w") as f:
+    f.write("not a directory\n")
+  return path
+
+
+def _read_only_dir(ctx):
+  """A directory this process cannot write: chmod 555, or (root ignores permissions) a
+  directory of the kernel's sysfs, where no one can create files."""
+  if os.geteuid() != 0:
+    path = ctx.path("read_only")
+    os.makedirs(path)
+    os.chmod(path, 0o555)
+    return os.path.join(path, "run")
+  if not os.path.isdir("/sys/kernel"):
+    pytest.skip("running as root without /sys: no directory is read-only to this process")
+  return "/sys/kernel/prompt_jax_run"
+
+
+# MODEL_DIR on a full filesystem: no file may grow past 16 KiB (RLIMIT_FSIZE; writes then fail
+# with EFBIG as they fail with ENOSPC on a full disk).
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+from prompt_jax import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+EVAL_FLAGS = ["--gin_file=models/embedded_tiny.gin", "--gin.PROMPT_LENGTH=8",
+              "--gin.MIXTURE_OR_TASK_NAME='embedded_last_letter'",
+              "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+              "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+              "--gin.BATCH_SIZE=8"]
+
+CASES = [
+    # --- command line ---
+    Case("unknown_command", lambda c: ["trian"], "unknown command 'trian'; did you mean train?"),
+    Case("misspelled_flag", lambda c: train(c, "--gin_fle=runs/prompt_finetune.gin"),
+         "unrecognized arguments: --gin_fle"),
+    Case("gin_flag_without_value", lambda c: train(c) + ["--gin.MODEL_DIR"],
+         "--gin.MODEL_DIR needs a value"),
+    Case("process_index_out_of_range", lambda c: train(
+        c, "--coordinator_address=127.0.0.1:1", "--process_count=2", "--process_index=2"),
+         "--process_index=2 must be in [0, --process_count=2)"),
+    Case("process_count_without_coordinator", lambda c: train(c, "--process_count=2"),
+         "--process_count > 1 needs --coordinator_address"),
+    Case("data_dir_missing", lambda c: train(c, f"--data_dir={c.path('no_such_dir')}"),
+         "--data_dir"),
+    # --- gin ---
+    Case("misspelled_macro", lambda c: train(c, "--gin.TRAIN_STPES=5"),
+         "--gin.TRAIN_STPES sets a macro that nothing uses; did you mean TRAIN_STEPS?"),
+    Case("misspelled_configurable", lambda c: train(c, "--gin.prompt_jax.trian.stats_period=5"),
+         "did you mean prompt_jax.train?"),
+    Case("misspelled_parameter", lambda c: train(c, "--gin.prompt_jax.train.stats_perod=5"),
+         "did you mean stats_period?"),
+    Case("misspelled_gin_file", lambda c: ["train", "--gin_file=runs/embeded_default.gin"],
+         "did you mean runs/embedded_default.gin?"),
+    Case("gin_syntax_error", lambda c: train(c, f"--gin_file={_gin_file(c, 'BATCH_SIZE = (8')}"),
+         "mine.gin"),
+    Case("wrong_value_type", lambda c: train(c, "--gin.TRAIN_STEPS='five'"),
+         "TRAIN_STEPS must be an integer, got 'five'"),
+    Case("missing_model_dir", lambda c: ["train", "--gin_file=runs/embedded_default.gin"],
+         "missing required macro MODEL_DIR", model_dir="fresh"),
+    Case("unknown_task", lambda c: train(c, "--gin.MIXTURE_OR_TASK_NAME='embedded_last_leter'"),
+         "did you mean embedded_last_letter?"),
+    Case("unknown_split", lambda c: train(c, "--gin.train/prompt_jax.DatasetConfig.split='dev'"),
+         "has no split 'dev'"),
+    Case("feature_lengths_missing_a_key",
+         lambda c: train(c, "--gin.TASK_FEATURE_LENGTHS={'inputs': 16}"),
+         "TASK_FEATURE_LENGTHS"),
+    Case("batch_not_divisible_by_devices", lambda c: train(c, "--gin.BATCH_SIZE=3"),
+         "BATCH_SIZE=3 is not divisible by the data-parallel size 2", devices=2),
+    Case("num_partitions_not_dividing_devices", lambda c: train(c, "--gin.NUM_PARTITIONS=3"),
+         "NUM_PARTITIONS=3", devices=2),
+    Case("prompt_length_zero", lambda c: train(c, "--gin.PROMPT_LENGTH=0"),
+         "PROMPT_LENGTH must be >= 1"),
+    Case("more_class_labels_than_prompt_tokens", lambda c: train(
+        c, "--gin_file=prompts/from_class_labels.gin", "--gin.PROMPT_LENGTH=2",
+        "--gin.CLASS_LABELS=['a', 'b', 'c']"), "class labels do not fit"),
+    # --- data ---
+    Case("malformed_jsonl_line", lambda c: train(
+        c, f"--data_dir={_bad_jsonl(c)}", "--gin.MIXTURE_OR_TASK_NAME='super_glue_cb_v102'"),
+         "train.jsonl:2: malformed JSON"),
+    Case("malformed_tsv_line", lambda c: train(
+        c, f"--data_dir={_bad_tsv(c)}", "--gin.MIXTURE_OR_TASK_NAME='glue_sst2_v002'"),
+         "train.tsv:3: label 'maybe' is not in the label set"),
+    Case("missing_sentencepiece_file", lambda c: train(
+        c, f"--data_dir={_good_cb(c)}", "--gin.MIXTURE_OR_TASK_NAME='super_glue_cb_v102'",
+        f"--gin.get_vocabulary.path='{c.path('no.model')}'"), "SentencePiece model"),
+    # --- checkpoints and prompts ---
+    Case("initial_checkpoint_missing", lambda c: train(
+        c, f"--gin.INITIAL_CHECKPOINT_PATH='{c.path('nowhere', 'checkpoint_1')}'"),
+         "INITIAL_CHECKPOINT_PATH"),
+    Case("initial_checkpoint_of_another_size", lambda c: train(
+        c, "--gin.prompt_jax.t5_config.emb_dim=128"), "INITIAL_CHECKPOINT_PATH"),
+    Case("vocabulary_larger_than_embedding", lambda c: train(
+        c, "--gin.prompt_jax.t5_config.vocab_size=128"), "vocabulary has 259 ids"),
+    Case("prompt_file_of_wrong_shape", lambda c: train(
+        c, "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((3, 64), np.float32))}'"),
+         "PROMPT_FILE"),
+    Case("prompt_file_pickled", lambda c: train(
+        c, "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.array([{'a': 1}]), allow_pickle=True)}'"),
+         "PROMPT_FILE"),
+    Case("resume_with_another_prompt_length", lambda c: train(c, "--gin.PROMPT_LENGTH=4"),
+         "holds params/encoder/prompt/prompt/prompt of shape (8, 64)"),
+    Case("resume_with_another_batch_size", lambda c: train(c, "--gin.BATCH_SIZE=4"),
+         "was written with BATCH_SIZE=8"),
+    Case("train_steps_below_the_checkpoint", lambda c: train(c, steps=1),
+         "TRAIN_STEPS=1 is below the step 2"),
+    Case("eval_without_checkpoint", lambda c: [
+        "eval", "--gin_file=runs/prompt_eval.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
+        *EVAL_FLAGS], "nothing to evaluate", model_dir="fresh"),
+    Case("infer_checkpoint_path_not_a_checkpoint", lambda c: [
+        "infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
+        f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
+         "is not a prompt_jax checkpoint", model_dir="fresh"),
+    # --- MODEL_DIR ---
+    Case("model_dir_is_a_file", lambda c: train(c), "is a file", model_dir="file"),
+    Case("model_dir_read_only", lambda c: train(c), "is not writable", model_dir="read_only"),
+    Case("model_dir_full", lambda c: train(c), "is not writable (", model_dir="fresh",
+         python_code=FULL_DISK),
+]
+
+
+def snapshot(root: str) -> dict:
+  if not os.path.exists(root):
+    return {"<absent>": True}
+  if os.path.isfile(root):
+    return {"<file>": hashlib.sha256(open(root, "rb").read()).hexdigest()}
+  out = {}
+  for d, dirs, files in os.walk(root):
+    for name in dirs + files:
+      p = os.path.join(d, name)
+      if os.path.isdir(p):
+        out[os.path.relpath(p, root)] = "dir"
+      else:
+        st = os.stat(p)
+        out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns,
+                                         hashlib.sha256(open(p, "rb").read()).hexdigest())
+  return out
+
+
+def run(case: Case, tmp: str, previous: str):
+  os.makedirs(tmp)
+  ctx = Context(tmp, os.path.join(tmp, "model_dir"), previous)
+  if case.model_dir == "previous":
+    shutil.copytree(previous, ctx.model_dir)
+  elif case.model_dir == "file":
+    ctx.model_dir = _file_model_dir(ctx)
+  elif case.model_dir == "read_only":
+    ctx.model_dir = _read_only_dir(ctx)
+  argv = case.argv(ctx)
+  before = snapshot(ctx.model_dir)
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={case.devices}",
+             JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  cmd = ([sys.executable, "-c", case.python_code, *argv] if case.python_code else
+         [sys.executable, "-m", "prompt_jax", *argv])
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  return proc, before, snapshot(ctx.model_dir)
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory):
+  """A trained run (2 steps) that the mistakes must leave as it is."""
+  d = str(tmp_path_factory.mktemp("previous"))
+  proc = common.cli_subprocess(["train"] + common.flags(d, 2, NO_EVAL))
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  return d
+
+
+@pytest.fixture(scope="module")
+def results(previous, tmp_path_factory):
+  tmp = str(tmp_path_factory.mktemp("bad_input"))
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    futures = {c.id: pool.submit(run, c, os.path.join(tmp, c.id), previous) for c in CASES}
+    return {k: f for k, f in futures.items()}
+
+
+def test_the_table_has_at_least_20_distinct_mistakes():
+  assert len({c.id for c in CASES}) == len(CASES) >= 20
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, results):
+  proc, before, after = results[case.id].result()
+  output = f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+  assert proc.returncode == case.code, output
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("prompt-jax")]
+  assert len(lines) == 1, output
+  assert ": error: " in lines[0] and case.expect in lines[0], output
+  assert "Traceback" not in proc.stderr + proc.stdout, output
+  assert after == before, "a failed run changed what was there before"
+
+
+def test_verbose_adds_the_traceback(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "prompt_jax", "train", "--verbose"] +
+      common.flags(str(tmp_path / "m"), 3, NO_EVAL, "--gin.TRAIN_STEPS='five'"),
+      env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"),
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert "Traceback" in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith("prompt-jax train: error: TRAIN_STEPS")
