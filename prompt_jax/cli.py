@@ -296,14 +296,21 @@ _USER_MACROS: List[str] = []  # macros bound by --gin.NAME=VALUE / --gin_binding
 
 
 def check_macro_typos() -> None:
-  """A macro set on the command line that no binding uses is a typo (gin would ignore it)."""
+  """A macro set on the command line that no binding of this configuration uses, and that no
+  packaged gin file knows, is a typo (gin would ignore it): one error. A packaged macro this
+  configuration does not use (CLASS_LABELS with a uniform init, say: sweeps set such macros for
+  every job) gets a note."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   referenced = _referenced_macros()
+  known = referenced | layering.packaged_macros()
   for name in _USER_MACROS:
-    if name not in referenced:
+    if name in referenced:
+      continue
+    if name not in known:
       raise _Error(f"--gin.{name} sets a macro that nothing uses"
-                   + (layering.did_you_mean(name, referenced) or
+                   + (layering.did_you_mean(name, known) or
                       "; check its spelling against the run's gin files"))
+    _say(f"note: --gin.{name} is not used by this configuration")
 
 
 def check_against_run(layers) -> None:

@@ -19,6 +19,7 @@ bindings (gin has no public API for it); the CLI already relies on it for unboun
 """
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import tokenize
@@ -143,6 +144,21 @@ def _rank(path: str) -> int:
 def _gin_files(gin_dir: str) -> List[str]:
   return [os.path.relpath(os.path.join(d, f), gin_dir)
           for d, _, fs in os.walk(gin_dir) for f in fs if f.endswith(".gin")]
+
+
+@functools.lru_cache(maxsize=None)
+def packaged_macros() -> frozenset:
+  """Every macro a packaged gin file binds or references (NAME = ..., %NAME)."""
+  import re  # pylint: disable=g-import-not-at-top
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  gin_dir = paths.gin_dir()
+  names = set()
+  for f in _gin_files(gin_dir):
+    with open(os.path.join(gin_dir, f)) as fh:
+      text = fh.read()
+    names.update(re.findall(r"%([A-Z][A-Z0-9_]*)", text))
+    names.update(re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", text, flags=re.M))
+  return frozenset(names)
 
 
 def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
