@@ -45,3 +45,20 @@ def cli_subprocess(argv: Sequence[str], devices: int = 1, timeout: float = 240,
                             text=True)
   return subprocess.run(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True, timeout=timeout)
+
+
+# `prompt-jax` that sends itself SIGTERM right after logging step {step} (the argument of
+# .format): the preemption arrives at a known step however fast the machine runs, where a test
+# that signals on reading the line from outside races the run's end.
+SIGTERM_AT_STEP = """
+import os, signal, sys
+from prompt_jax import cli
+from prompt_jax.train import summaries
+_log = summaries.log
+def log_then_sigterm(message, *args):
+  _log(message, *args)
+  if (message % args if args else message).startswith("step {step}/"):
+    os.kill(os.getpid(), signal.SIGTERM)
+summaries.log = log_then_sigterm
+sys.exit(cli.main(sys.argv[1:]))
+"""

@@ -290,19 +290,10 @@ def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path):
   d = str(tmp_path / "preempted")
   # No periodic checkpoint before the end: what is saved is the preemption checkpoint.
   argv = run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100")
-  proc = common.cli_subprocess(argv, wait=False)
-  out = []
-  try:
-    for line in proc.stdout:
-      out.append(line)
-      if line.startswith("step 3/"):
-        proc.send_signal(signal.SIGTERM)
-        break
-    out.append(proc.communicate(timeout=120)[0])
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-  text = "".join(out)
+  # SIGTERM after step 3's log line, from inside (common.SIGTERM_AT_STEP): no race with the end.
+  proc = common.cli_subprocess(argv, timeout=300,
+                               python_code=common.SIGTERM_AT_STEP.format(step=3))
+  text = proc.stdout
   assert proc.returncode == 143, text[-3000:]
   line = [l for l in text.splitlines() if "preempted (SIGTERM) at step" in l]
   assert len(line) == 1, text[-3000:]
