@@ -38,6 +38,7 @@ line and exits 1; a run preempted by SIGTERM saves a checkpoint, says so and exi
 import argparse
 import os
 import sys
+import warnings
 import traceback
 from typing import List, Optional, Sequence, Tuple
 
@@ -455,6 +456,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   command, rest = argv[0], argv[1:]
   verbose = "--verbose" in rest
   from prompt_jax import console  # pylint: disable=g-import-not-at-top
+  if not verbose:  # a save that failed leaves orbax's coroutine unawaited: said at exit, not ours
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)
   with console.quiet(enabled=not verbose, tensorflow=command != "bench"):
     if command == "bench":
       from prompt_jax import bench  # pylint: disable=g-import-not-at-top

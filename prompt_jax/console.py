@@ -78,6 +78,10 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
     warnings.filterwarnings("ignore", module=_NOISY_MODULES)
     for name in _NOISY_LOGGERS:
       logging.getLogger(name).setLevel(logging.ERROR)
+    # orbax logs a failed background write (disk full) with its traceback on the absl logger
+    # before re-raising it where we wait for the save; the loop turns that into one line.
+    for name in ("absl", "orbax"):
+      logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
       if tensorflow:
         import_tensorflow()

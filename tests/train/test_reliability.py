@@ -38,7 +38,7 @@ def checkpoint_steps(model_dir) -> list:
 
 
 def error_lines(text: str) -> list:
-  return [l for l in text.splitlines() if l.startswith("prompt-jax train: ")]
+  return [l for l in text.splitlines() if l.startswith("prompt-jax train: error:")]
 
 
 @pytest.fixture(scope="module")
