@@ -69,9 +69,8 @@ def _time(step, n: int) -> List[float]:
 
 def _ours(args) -> Dict[str, float]:
   import functools  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5, random_init  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
   from prompt_jax import trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
@@ -81,10 +80,12 @@ def _ours(args) -> Dict[str, float]:
   model = T5(config, prompt=prompt_factory(
       functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
   batch = _batch(args, config.vocab_size)
-  params = nn.meta.unbox(jax.jit(lambda: model.init(
-      jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
-      batch["decoder_input_tokens"][:1], batch["decoder_target_tokens"][:1],
-      enable_dropout=False))())["params"]
+  # Filled array by array with keys as arguments: a jitted whole-model init with a constant key
+  # is what made T5 1.1 base take minutes to start (models/random_init.py).
+  inits = random_init.initialisers(
+      model, batch["encoder_input_tokens"][:1], batch["decoder_input_tokens"][:1],
+      batch["decoder_target_tokens"][:1], enable_dropout=False)
+  params = trees.unflatten(random_init.fill(inits, jax.random.PRNGKey(0)))
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   tx = optimizers.adafactor().tx
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))

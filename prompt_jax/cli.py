@@ -439,6 +439,9 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   check_against_run(layers)
   for note in layers.notes:
     _say(f"note: {note}")
+  if command in ("train", "eval", "infer"):
+    from prompt_jax import compile_cache  # pylint: disable=g-import-not-at-top
+    compile_cache.enable()  # a restart loads the compiled steps (PROMPT_JAX_COMPILATION_CACHE)
   _COMMANDS[command](args)
   return 0
 

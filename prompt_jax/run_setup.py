@@ -21,6 +21,7 @@ import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jax_core
 import numpy as np
 from jax.sharding import Mesh
 
@@ -30,6 +31,7 @@ from prompt_jax import trees
 from prompt_jax import vocab as vocab_lib
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5, T5Config, get_config
+from prompt_jax.models import random_init
 from prompt_jax.prompts import specs
 
 Array = jax.Array
@@ -186,8 +188,8 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
     loaded = trees.flatten(loaded)
   else:
     logging.warning("INITIAL_CHECKPOINT_PATH is empty: the backbone is randomly initialised")
-    loaded = _init(abstract_model, feature_lengths, init_rng, shardings,
-                   keep=lambda p: p in backbone)
+    loaded = random_backbone(abstract_model, feature_lengths, init_rng, shardings,
+                             keep=lambda p: p in backbone)
 
   embedding = loaded.get("token_embedder/embedding")
   embedding = (np.asarray(_host(embedding), np.float32) if embedding is not None else None)
@@ -213,19 +215,47 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
 
 
 def _init(model, feature_lengths, rng, shardings, keep) -> dict:
-  """Initialises only the kept parameters (XLA drops the rest), placed by their shardings."""
+  """Initialises only the kept parameters (the prompt's), placed by their shardings.
+
+  The init is traced to a jaxpr (Python only, like `eval_shape`) and only the kept outputs'
+  slice of it is compiled (jit's DCE drops the backbone and the forward pass). Arrays the
+  initialisers close over (e.g. the frozen embedding table a sampled-vocabulary prompt draws
+  from, [V, H]) are passed to the program as arguments instead of being baked into it as
+  constants (a 98 MB literal for T5 base); the PRNG key is an argument too.
+  """
   inputs = model_inputs(1, feature_lengths)
   abstract = trees.flatten(trees.unbox(jax.eval_shape(
       lambda: model.init(rng, *inputs, enable_dropout=False))["params"]))
   names = [k for k in abstract if keep(k)]
+  if not names:
+    return {}
 
   def init(rng):
     params = trees.flatten(trees.unbox(
         model.init(rng, *inputs, enable_dropout=False)["params"]))
     return {k: params[k] for k in names}
 
+  mesh = shardings[next(iter(shardings))].mesh
+  with partitioning.axis_rules(mesh):
+    closed = jax.make_jaxpr(init, return_shape=False)(rng)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(init, rng))
+    consts = list(closed.consts)
+
+    def kept(consts, rng):
+      leaves = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(closed.jaxpr, consts))(rng)
+      return jax.tree_util.tree_unflatten(out_tree, leaves)
+
+    return jax.jit(kept, out_shardings={k: shardings[k] for k in names})(consts, rng)
+
+
+def random_backbone(model: nn.Module, feature_lengths: Mapping[str, int], rng: Array,
+                    shardings: Mapping[str, Any], keep) -> dict:
+  """Random parameters (tests, bench), filled array by array with the model's own initialisers
+  and keys passed as arguments (models/random_init.py): no whole-model init is compiled."""
+  inputs = model_inputs(1, feature_lengths)
   with partitioning.axis_rules(shardings[next(iter(shardings))].mesh):
-    return jax.jit(init, out_shardings={k: shardings[k] for k in names})(rng)
+    inits = random_init.initialisers(model, *inputs, enable_dropout=False)
+  return random_init.fill(inits, rng, keep, shardings)
 
 
 def _host(x):

@@ -218,7 +218,9 @@ class MultiHeadDotProductAttention(nn.Module):
                bias: Optional[Array] = None, *, kv_prefix: Optional[KVPrefix] = None,
                decode: bool = False, deterministic: bool = True) -> Array:
     features = (self.num_heads, self.head_dim)
-    depth_scaling = jnp.sqrt(self.head_dim).astype(jnp.float32)
+    # numpy, not jnp: the initialiser may run outside this trace (run_setup.random_backbone);
+    # float64 sqrt rounded to float32 equals float32's correctly rounded sqrt.
+    depth_scaling = np.float32(np.sqrt(self.head_dim))
     query_init = lambda *args: self.kernel_init(*args) / depth_scaling
     dense = functools.partial(DenseGeneral, features=features, axis=(-1,),
                               kernel_axes=("embed", "joined_kv"), dtype=self.dtype)

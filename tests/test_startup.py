@@ -1,0 +1,182 @@
+"""Start-up (issue 11, acceptance 3): a run from a checkpoint compiles no whole-model init.
+
+Every program XLA compiles while `run_setup.prepare` builds a run is dumped as StableHLO
+(jax's public `jax_dump_ir_to`). A program that draws random numbers (threefry) is an init;
+none may produce a backbone parameter (those come from the checkpoint), and none may be as large
+as the jitted whole-model init. The random-backbone path (no checkpoint) fills the backbone
+array by array: no compiled program holds more than one initialiser's worth of random draws.
+"""
+import glob
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from prompt_jax import partitioning, run_setup, trees
+from prompt_jax.embedded import embedded_checkpoint_path
+from prompt_jax.models import get_config
+from prompt_jax.prompts import initializers, specs
+
+LENGTHS = {"inputs": 16, "targets": 4}
+
+
+def _config():
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
+                                                    "gin", "models", "embedded_tiny.gin")], [])
+  config = run_setup.t5_config()
+  gin.clear_config()
+  return config
+
+
+def _spec():
+  # Sampled-vocabulary init: the initialiser closes over the frozen embedding table [V, H].
+  return specs.prompt_tuning(length=8, init=initializers.from_sampled_vocab(population_size=200))
+
+
+def _result_shapes(text):
+  """Shapes of the outputs of a dumped module's main function."""
+  sig = re.search(r"func\.func public @main\((.*?)\) -> \((.*?)\) \{", text, re.S)
+  results = sig.group(2) if sig else ""
+  return [tuple(int(d) for d in m.split("x")[:-1]) for m in re.findall(r"tensor<([^>]*)>",
+                                                                          results)]
+
+
+def _compiled(tmp_path, fn):
+  dump = str(tmp_path / "ir")
+  old = jax.config.values["jax_dump_ir_to"]
+  jax.config.update("jax_dump_ir_to", dump)
+  try:
+    out = fn()
+  finally:
+    jax.config.update("jax_dump_ir_to", old)
+  return out, {os.path.basename(p): open(p).read()
+               for p in glob.glob(os.path.join(dump, "*.mlir"))}
+
+
+def _draws(text):
+  """Random-bit generations in a dumped module (code lines, not location metadata)."""
+  return sum(line.count("threefry2x32") for line in text.splitlines()
+             if not line.startswith("#loc"))
+
+
+def _whole_init_size(tmp_path, config, spec):
+  """(size, draws) of the jitted whole-model init, dumped the same way (the reference)."""
+  model = run_setup.build_model(config, spec)
+  inputs = run_setup.model_inputs(1, LENGTHS)
+  with partitioning.axis_rules(partitioning.create_mesh(1)):
+    init = jax.jit(lambda k: model.init(k, *inputs, enable_dropout=False))
+    _, programs = _compiled(tmp_path / "whole", lambda: init.lower(jax.random.PRNGKey(0))
+                            .compile())
+  text = max(programs.values(), key=len)
+  return len(text), _draws(text)
+
+
+def test_prepare_from_a_checkpoint_compiles_no_whole_model_init(tmp_path):
+  config, spec = _config(), _spec()
+  run, programs = _compiled(tmp_path, lambda: run_setup.prepare(
+      config=config, prompt=spec, feature_lengths=LENGTHS,
+      initial_checkpoint_path=embedded_checkpoint_path(),
+      trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1)))
+  backbone = {tuple(v.shape) for v in trees.flatten(run.frozen).values() if v.ndim == 2}
+  whole_size, _ = _whole_init_size(tmp_path, config, spec)
+  inits = {name: text for name, text in programs.items() if _draws(text)}
+  assert inits, "the prompt must be initialised by a compiled program"
+  assert programs, "nothing compiled: the dump did not work"
+  for name, text in inits.items():
+    shapes = set(_result_shapes(text))
+    assert not shapes & backbone, f"{name} initialises backbone-shaped arrays {shapes & backbone}"
+    # The whole-model init is ~6x the prompt's (108 kB vs 18 kB of StableHLO on this model).
+    assert len(text) < whole_size / 3, (name, len(text), whole_size)
+    # The frozen embedding table the sampled-vocabulary init reads is an argument, not a
+    # constant folded into the program (for T5 1.1 base that literal would be 98 MB).
+    assert "dense<" not in text or len(text) < 100_000, name
+  # The prompt still starts as rows of the frozen embedding table (the init ran, right input).
+  prompt = np.asarray(trees.flatten(run.trainable)["encoder/prompt/prompt/prompt"])
+  table = np.asarray(trees.flatten(run.frozen)["token_embedder/embedding"])
+  assert all(np.any(np.all(table[:200] == row, axis=1)) for row in prompt)
+
+
+def test_prompt_init_values_are_those_of_the_model_init(tmp_path):
+  """Initialising the prompt on its own gives exactly what the whole model's init gives it."""
+  config, spec = _config(), _spec()
+  run = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
+                          initial_checkpoint_path=embedded_checkpoint_path(),
+                          trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1),
+                          random_seed=3)
+  loaded = trees.unflatten({k: v for k, v in trees.flatten(run.frozen).items()})
+  table = np.asarray(trees.flatten(run.frozen)["token_embedder/embedding"])
+  model = run_setup.build_model(config, spec, table, None, params=loaded)
+  rng = jax.random.fold_in(jax.random.PRNGKey(3), 0)
+  with partitioning.axis_rules(partitioning.create_mesh(1)):
+    whole = trees.flatten(trees.unbox(model.init(rng, *run_setup.model_inputs(1, LENGTHS),
+                                                 enable_dropout=False)["params"]))
+  np.testing.assert_array_equal(np.asarray(trees.flatten(run.trainable)[
+      "encoder/prompt/prompt/prompt"]), np.asarray(whole["encoder/prompt/prompt/prompt"]))
+
+
+def test_random_backbone_is_filled_per_array_with_the_model_initialisers(tmp_path):
+  config, spec = _config(), _spec()
+  run, programs = _compiled(tmp_path, lambda: run_setup.prepare(
+      config=config, prompt=spec, feature_lengths=LENGTHS, initial_checkpoint_path=None,
+      trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1)))
+  whole_size, _ = _whole_init_size(tmp_path, config, spec)
+  for name, text in programs.items():
+    assert len(text) < whole_size / 3, (name, len(text), whole_size)
+    if _draws(text) and "prompt" not in text:  # a backbone init: one array per program
+      assert len(_result_shapes(text)) == 1, (name, _result_shapes(text))
+  frozen = trees.flatten(run.frozen)
+  assert set(frozen) == run_setup.backbone_paths(config)
+  # The model's own initialisers: layer norms ones; the embedding N(0, 1); the query kernel
+  # variance-scaling(1, fan_in) / sqrt(head_dim): std 1/sqrt(emb * head_dim).
+  np.testing.assert_array_equal(np.asarray(frozen["encoder/encoder_norm/scale"]), 1.0)
+  emb = np.asarray(frozen["token_embedder/embedding"])
+  assert abs(emb.std() - 1.0) < 0.05, emb.std()  # 16640 N(0,1) draws: std error ~0.006
+  q = np.asarray(frozen["encoder/layers_0/attention/query/kernel"])
+  expected = 1.0 / np.sqrt(config.emb_dim * config.head_dim)
+  assert abs(q.std() / expected - 1.0) < 0.1, (q.std(), expected)  # 1024 draws: ~2.2% error
+  # Distinct arrays get distinct keys; the same seed gives the same backbone.
+  k = np.asarray(frozen["encoder/layers_0/attention/key/kernel"])
+  v = np.asarray(frozen["encoder/layers_0/attention/value/kernel"])
+  assert not np.allclose(k, v)
+  again = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
+                            initial_checkpoint_path=None, trainable_regex=spec.trainable_regex,
+                            mesh=partitioning.create_mesh(1))
+  for path, value in trees.flatten(again.frozen).items():
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(frozen[path]), err_msg=path)
+
+
+def test_compilation_cache_is_used_across_processes(tmp_path):
+  """Two processes with one cache directory: the second reads what the first wrote."""
+  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  code = (
+      "import jax, jax.numpy as jnp\n"
+      "from prompt_jax import compile_cache\n"
+      f"print('DIR', compile_cache.enable({str(tmp_path / 'cache')!r}, min_compile_secs=0))\n"
+      "f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())\n"
+      "print('VALUE', float(f(jnp.ones((64, 32)))))\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+  assert first.returncode == 0, first.stderr[-2000:]
+  written = set(os.listdir(tmp_path / "cache"))
+  assert written, "nothing written to the compilation cache"
+  second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(env, JAX_LOG_COMPILES="1"), timeout=300)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert set(os.listdir(tmp_path / "cache")) == written  # a hit writes nothing new
+  assert "Persistent compilation cache hit" in second.stderr, second.stderr[-3000:]
+  assert first.stdout.split("VALUE")[1] == second.stdout.split("VALUE")[1]
+
+
+def test_compilation_cache_can_be_turned_off(monkeypatch):
+  from prompt_jax import compile_cache  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_compilation_cache_dir:
+    pytest.skip("a compilation cache is already configured in this process")
+  monkeypatch.setenv(compile_cache.ENV, "off")
+  assert compile_cache.enable() is None
+  assert not jax.config.jax_compilation_cache_dir
