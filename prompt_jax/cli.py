@@ -1,4 +1,4 @@
-"""`prompt-jax`: train | eval | infer | export | describe | tasks | bench | sweep, with t5x's flags.
+"""`prompt-jax`: train | eval | infer | export | describe | tasks | bench | sweep | plan (t5x flags).
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
@@ -6,6 +6,7 @@
   prompt-jax infer --gin.MODEL_DIR="'/tmp/m'" --input="some text" --input="more text"
   prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
+  prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512
 
 Flags (as t5x's train.py): --gin_file (repeatable; later overrides earlier), --gin.NAME=VALUE,
 --gin_bindings (repeatable), --gin_search_paths (comma separated; the packaged gin dir is
@@ -44,7 +45,8 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax.errors import ConfigError
 
-COMMANDS = ("train", "eval", "infer", "export", "describe", "tasks", "bench", "sweep")
+COMMANDS = ("train", "eval", "infer", "export", "describe", "tasks", "bench", "sweep",
+            "plan")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
 RUN_COMMANDS = ("eval", "infer", "export", "describe")
 # Packaged run files (wiring only) a command always needs.
@@ -466,6 +468,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if command == "bench":
       from prompt_jax import bench  # pylint: disable=g-import-not-at-top
       return bench.main([a for a in rest if a != "--verbose"])
+    if command == "plan":  # ahead-of-time compile on a (fake) mesh: per-device memory
+      from prompt_jax import plan  # pylint: disable=g-import-not-at-top
+      return plan.main([a for a in rest if a != "--verbose"])
     if command == "tasks":
       import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
       from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top

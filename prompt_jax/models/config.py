@@ -27,6 +27,10 @@ class T5Config:
   relative_attention_max_distance: int = 128
   # Remat policy for layers: 'none' or 'full' (recompute each layer in the backward pass).
   remat_policy: str = "none"
+  # Attention kernel (layers.dot_product_attention): 'auto' (cuDNN fused attention on GPU for
+  # bfloat16/float16, jax.nn.dot_product_attention's XLA path elsewhere), 'cudnn', 'xla', or
+  # 'einsum' (the plain reference formulation; always used with attention dropout).
+  attention_implementation: str = "auto"
 
   def replace(self, **changes) -> "T5Config":
     return dataclasses.replace(self, **changes)

@@ -212,6 +212,7 @@ class MultiHeadDotProductAttention(nn.Module):
   dropout_rate: float = 0.0
   kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
   float32_logits: bool = False
+  implementation: str = "auto"  # see dot_product_attention
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array] = None,
@@ -257,7 +258,8 @@ class MultiHeadDotProductAttention(nn.Module):
       dropout_rng = self.make_rng("dropout")
     x = dot_product_attention(query, key, value, bias=attention_bias, dropout_rng=dropout_rng,
                               dropout_rate=self.dropout_rate, deterministic=deterministic,
-                              dtype=self.dtype, float32_logits=self.float32_logits)
+                              dtype=self.dtype, float32_logits=self.float32_logits,
+                              implementation=self.implementation)
     # [batch, q, heads, kv] -> [batch, q, embed]
     return DenseGeneral(features=(inputs_q.shape[-1],), axis=(-2, -1),
                         kernel_axes=("joined_kv", "embed"), kernel_init=self.kernel_init,
@@ -289,11 +291,47 @@ class MultiHeadDotProductAttention(nn.Module):
     return key, value, mask, bias
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+
+
+def attention_implementation(requested: str, query: Array, key: Array, dtype: DType,
+                             dropout: bool) -> str:
+  """The kernel for this call: 'einsum' (reference), 'xla' or 'cudnn' (jax.nn's fused
+  attention). The fused kernels have no attention dropout and no float64; cuDNN needs
+  bfloat16/float16 and head_dim a multiple of 8, at most 128."""
+  if requested not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                     f"got {requested!r}")
+  if requested == "einsum" or dropout or jnp.dtype(dtype) == jnp.float64:
+    return "einsum"
+  if requested != "auto":
+    return requested
+  head_dim = query.shape[-1]
+  cudnn_ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+              and query.dtype == key.dtype == jnp.dtype(dtype)
+              and head_dim % 8 == 0 and head_dim <= 128)
+  return "cudnn" if cudnn_ok else "xla"
+
+
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
                           dropout_rng: Optional[Array] = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, dtype: DType = jnp.float32,
-                          float32_logits: bool = False) -> Array:
-  """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions)."""
+                          float32_logits: bool = False, implementation: str = "einsum") -> Array:
+  """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions).
+
+  `bias` [batch|1, heads|1, q, k] is additive and already holds whatever masking the caller
+  wants (-1e10 at hidden positions) and T5's relative-position bias: the kernels take it as
+  given. `implementation` (see `attention_implementation`): 'einsum' is the reference below;
+  'xla'/'cudnn' call `jax.nn.dot_product_attention` (scale 1: T5 folds 1/sqrt(d) into the query
+  init), which on GPU is cuDNN's fused attention with the bias.
+  """
+  dropout = not deterministic and dropout_rate > 0.0
+  impl = attention_implementation(implementation, query, key, dtype, dropout)
+  if impl != "einsum":
+    q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
+    b = None if bias is None else jnp.asarray(bias, dtype)
+    # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
+    return jax.nn.dot_product_attention(q, k, v, bias=b, scale=1.0, implementation=impl)
   if float32_logits:
     query = query.astype(at_least_float32(query.dtype))
     key = key.astype(at_least_float32(key.dtype))
@@ -301,7 +339,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   if bias is not None:
     logits = logits + bias.astype(logits.dtype)
   weights = jax.nn.softmax(logits).astype(dtype)  # [batch, heads, q, k]
-  if not deterministic and dropout_rate > 0.0:
+  if dropout:
     keep_prob = 1.0 - dropout_rate
     dropout_shape = list(weights.shape)
     dropout_shape[-2] = 1

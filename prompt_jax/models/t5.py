@@ -84,7 +84,7 @@ def _attention(config: T5Config, name: str) -> layers.MultiHeadDotProductAttenti
   return layers.MultiHeadDotProductAttention(
       num_heads=config.num_heads, head_dim=config.head_dim, dtype=config.dtype,
       dropout_rate=config.dropout_rate, float32_logits=config.float32_attention_logits,
-      name=name)
+      implementation=config.attention_implementation, name=name)
 
 
 def _mlp(config: T5Config) -> layers.MlpBlock:

@@ -200,12 +200,79 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
   return ds.prefetch(tf.data.AUTOTUNE)
 
 
+# ===== Length bucketing (opt-in) =====
+
+# The features whose trailing padding bucketing trims, and the length each is measured by.
+_BUCKETED = {"encoder_input_tokens": "inputs", "decoder_input_tokens": "targets",
+             "decoder_target_tokens": "targets", "decoder_loss_weights": "targets"}
+
+
+@gin.configurable(module="prompt_jax")
+def length_buckets(num_buckets: int = 0, multiple: int = 8) -> Tuple[int, int]:
+  """Training batches padded to the smallest of `num_buckets` fixed lengths per feature that
+  holds the batch's longest example, instead of to TASK_FEATURE_LENGTHS (0: off, the default).
+
+    prompt_jax.length_buckets.num_buckets = 4
+
+  The lengths are TASK_FEATURE_LENGTHS * k / num_buckets (k = 1..num_buckets) rounded up to a
+  multiple of `multiple`, so jit compiles at most num_buckets^2 step programs. Only trailing
+  padding is cut (the feature converter pads at the end); the prompt's positions are added by
+  the model after the cut, wherever its placement puts them, so losses and metrics are those of
+  the padded batch (tests/train/test_bucketing.py). With dropout > 0 the dropout draws depend
+  on the shape: equal in distribution, not in value."""
+  if num_buckets < 0 or multiple < 1:
+    raise ConfigError(f"length_buckets: num_buckets must be >= 0 and multiple >= 1, got "
+                      f"{num_buckets}, {multiple}")
+  return num_buckets, multiple
+
+
+def bucket_lengths(feature_length: int, num_buckets: int, multiple: int = 8) -> Tuple[int, ...]:
+  """The fixed lengths a feature of TASK_FEATURE_LENGTHS `feature_length` is padded to."""
+  lengths = {min(feature_length, -(-(feature_length * k // num_buckets) // multiple) * multiple)
+             for k in range(1, num_buckets + 1)}
+  return tuple(sorted(lengths | {feature_length}))
+
+
+def used_length(tokens: np.ndarray) -> int:
+  """1 + the last non-padding column of a [rows, length] batch (0 if all padding)."""
+  nonzero = np.flatnonzero(np.any(tokens != 0, axis=0))
+  return int(nonzero[-1]) + 1 if nonzero.size else 0
+
+
+def trim_to_buckets(batch: Mapping[str, np.ndarray], buckets: Mapping[str, Tuple[int, ...]],
+                    needed: Optional[Mapping[str, int]] = None) -> Dict[str, np.ndarray]:
+  """`batch` cut to the smallest bucket of each feature holding its longest row. `needed`
+  (feature length name -> length) overrides the longest-row lengths (all processes of a
+  multi-process run agree on the global maximum)."""
+  if needed is None:
+    needed = batch_needs(batch)
+  out = dict(batch)
+  for name, length_name in _BUCKETED.items():
+    if name not in batch:
+      continue
+    target = next(b for b in buckets[length_name] if b >= needed[length_name])
+    out[name] = batch[name][:, :target]
+  return out
+
+
+def batch_needs(batch: Mapping[str, np.ndarray]) -> Dict[str, int]:
+  """The length each of inputs/targets needs: its features' longest row (padding excluded)."""
+  needs = {"inputs": 0, "targets": 0}
+  for name, length_name in _BUCKETED.items():
+    if name in batch:
+      needs[length_name] = max(needs[length_name], used_length(batch[name]))
+  return needs
+
+
 class TrainStream:
   """This process's rows of each step's global batch (see the module docstring).
 
   `iterators`: shard -> tf.data iterator, every shard this process reads; `owned`: the shards
   whose state this process saves (those whose first row is on this process, so each shard is
-  saved by exactly one process)."""
+  saved by exactly one process). With `length_buckets` on, each batch is cut to its bucket
+  (`buckets`) after it is read: the iterator state is that of the padded stream.
+  `tokens_real` / `tokens_processed` count this process's real and processed token positions
+  (inputs + targets, prompt positions excluded) for the real-token share."""
 
   def __init__(self, cfg: DatasetConfig, num_shards: int, rows: Tuple[int, int]):
     if num_shards < 1 or cfg.batch_size % num_shards:
@@ -221,6 +288,14 @@ class TrainStream:
     self._rows = stop - start
     self.owned: List[int] = [k for k in self.shards if start <= k * self.rows_per_shard < stop]
     self.iterators: Dict[int, tf.data.Iterator] = {}
+    num_buckets, multiple = length_buckets()
+    self.buckets: Optional[Dict[str, Tuple[int, ...]]] = None
+    if num_buckets:
+      check_feature_lengths(cfg)
+      self.buckets = {k: bucket_lengths(v, num_buckets, multiple)
+                      for k, v in cfg.task_feature_lengths.items()}
+    self.tokens_real = 0
+    self.tokens_processed = 0
     self.restart(skip=0)
 
   def restart(self, skip: int) -> None:
@@ -233,5 +308,18 @@ class TrainStream:
 
   def __next__(self) -> Dict[str, np.ndarray]:
     parts = [next(self.iterators[k]) for k in self.shards]
-    return {name: np.concatenate([p[name].numpy() for p in parts])[
+    batch = {name: np.concatenate([p[name].numpy() for p in parts])[
         self._offset:self._offset + self._rows] for name in MODEL_FEATURES}
+    if self.buckets is not None:
+      needs = batch_needs(batch)
+      if jax.process_count() > 1:  # one global shape: the longest row over all processes
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        both = multihost_utils.process_allgather(
+            np.array([needs["inputs"], needs["targets"]], np.int32))
+        needs = {"inputs": int(np.max(both[..., 0])), "targets": int(np.max(both[..., 1]))}
+      batch = trim_to_buckets(batch, self.buckets, needs)
+    self.tokens_real += int(np.count_nonzero(batch["encoder_input_tokens"])
+                            + np.count_nonzero(batch["decoder_target_tokens"]))
+    self.tokens_processed += int(batch["encoder_input_tokens"].size
+                                 + batch["decoder_target_tokens"].size)
+    return batch

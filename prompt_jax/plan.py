@@ -1,0 +1,189 @@
+"""`prompt-jax plan`: will this run fit? The train step compiled ahead of time on a device mesh,
+with abstract shapes only (nothing of the model is allocated), and its per-device memory.
+
+  prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512 --targets=8
+
+`--mesh=DxM`: D data-parallel x M model-parallel devices. With fewer real devices than D*M the
+plan re-runs itself on D*M fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count),
+so a laptop can plan a pod: the shardings, the collectives and the buffer sizes are those of the
+run, but the figures come from the CPU compiler's buffer assignment (fusion and scheduling
+differ per backend): an estimate to within the backend's differences, not a guarantee.
+Reported per device, from `compiled.memory_analysis()`: arguments (trainable state, frozen
+weights, batch), outputs, temporaries (activations, gradients) and their sum less aliased
+(donated) buffers.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, Optional, Sequence
+
+_FAKE_DEVICES_ENV = "PROMPT_JAX_PLAN_FAKE_DEVICES"
+GIB = 1024 ** 3
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="prompt-jax plan", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--model", default="models/t5_1_1_base.gin",
+                 help="a models/*.gin file (packaged or a path), e.g. models/t5_1_1_xxl.gin")
+  p.add_argument("--mesh", default="1x1", help="DATAxMODEL devices, e.g. 8x8")
+  p.add_argument("--batch", type=int, default=32, help="global batch size")
+  p.add_argument("--inputs", type=int, default=512, help="input length (tokens)")
+  p.add_argument("--targets", type=int, default=8, help="target length (tokens)")
+  p.add_argument("--prompt_length", type=int, default=100)
+  p.add_argument("--dtype", default="bfloat16", help="activation dtype")
+  p.add_argument("--frozen_dtype", default="bfloat16", help="dtype of the frozen weights")
+  p.add_argument("--remat", choices=["none", "full"], default="none", help="remat policy")
+  p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
+  p.add_argument("--budget_gib", type=float, default=None,
+                 help="per-device memory to check against (prints fits / does not fit)")
+  return p
+
+
+def _mesh_shape(text: str):
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  try:
+    data, model = (int(x) for x in text.lower().split("x"))
+    if data < 1 or model < 1:
+      raise ValueError
+  except ValueError:
+    raise ConfigError(f"--mesh={text!r}: give DATAxMODEL device counts, e.g. --mesh=8x8") from None
+  return data, model
+
+
+def _config(args):
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax import paths, run_setup  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  path = args.model
+  if not os.path.exists(path) and os.path.exists(os.path.join(paths.gin_dir(), path)):
+    path = os.path.join(paths.gin_dir(), path)
+  try:
+    gin.parse_config_files_and_bindings([path], [])
+  except (IOError, OSError) as e:
+    raise ConfigError(f"--model={args.model!r} cannot be read ({e}); give a models/*.gin file, "
+                      f"e.g. models/t5_1_1_xxl.gin") from e
+  try:
+    return run_setup.t5_config(dtype=args.dtype, dropout_rate=0.0, remat_policy=args.remat)
+  finally:
+    gin.clear_config()
+
+
+def plan(args) -> Dict[str, float]:
+  """Compiles the train step for `args` on the current devices; returns per-device bytes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prompt_jax import partitioning, run_setup, trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
+
+  data, model_parallel = _mesh_shape(args.mesh)
+  if jax.device_count() < data * model_parallel:
+    raise ConfigError(f"--mesh={args.mesh} needs {data * model_parallel} devices, "
+                      f"{jax.device_count()} found")
+  config = _config(args)
+  mesh = partitioning.create_mesh(model_parallel, jax.devices()[:data * model_parallel])
+  if args.batch % data:
+    raise ConfigError(f"--batch={args.batch} is not divisible by the {data} data-parallel "
+                      f"devices")
+  lengths = {"inputs": args.inputs, "targets": args.targets}
+  spec = specs.prompt_tuning(length=args.prompt_length)
+  model = run_setup.build_model(config, spec)
+  boxed = run_setup.abstract_variables(model, lengths)
+  shardings = trees.flatten(run_setup.param_shardings(boxed, mesh))
+  shapes = trees.flatten(trees.unbox(boxed))
+  frozen_dt = run_setup.dtype_of(args.frozen_dtype)
+  trainable = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32, sharding=shardings[k])
+               for k, v in shapes.items() if trees.is_trainable(k, spec.trainable_regex)}
+  frozen = {k: jax.ShapeDtypeStruct(v.shape, frozen_dt, sharding=shardings[k])
+            for k, v in shapes.items() if k not in trainable}
+  trainable, frozen = trees.unflatten(trainable), trees.unflatten(frozen)
+  tx = (optimizers.adafactor() if args.optimizer == "adafactor" else optimizers.adamw()).tx
+  opt_shapes = jax.eval_shape(tx.init, trainable)
+  opt_shardings = state_lib.opt_state_shardings(
+      opt_shapes, trainable, jax.tree_util.tree_map(lambda s: s.sharding, trainable), mesh)
+  opt_state = jax.tree_util.tree_map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_shapes, opt_shardings)
+  replicated = partitioning.replicated(mesh)
+  state = state_lib.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+                               trainable, opt_state)
+  batch_sharding = partitioning.data_sharding(mesh)
+  batch = {name: jax.ShapeDtypeStruct((args.batch, lengths[length]), jnp.int32,
+                                      sharding=batch_sharding)
+           for name, length in (("encoder_input_tokens", "inputs"),
+                                ("decoder_input_tokens", "targets"),
+                                ("decoder_target_tokens", "targets"),
+                                ("decoder_loss_weights", "targets"))}
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
+  step = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
+  start = time.perf_counter()
+  with partitioning.axis_rules(mesh):
+    compiled = step.lower(state, frozen, batch, rng).compile()
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  out = {name: float(getattr(memory, f"{name}_size_in_bytes", 0) or 0)
+         for name in ("argument", "output", "temp", "alias", "generated_code")}
+  out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+  out["compile_seconds"] = seconds
+  out["params_trainable"] = float(run_setup.count(trainable))
+  out["params_frozen"] = float(run_setup.count(frozen))
+  return out
+
+
+def _size(num_bytes: float) -> str:
+  return (f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB / 10
+          else f"{num_bytes / 1024 ** 2:.2f} MiB")
+
+
+def _report(args, result: Dict[str, float]) -> None:
+  data, model_parallel = _mesh_shape(args.mesh)
+  print(f"plan: {args.model}, mesh {data}x{model_parallel} (data x model), batch {args.batch} x "
+        f"{args.inputs} inputs (+{args.prompt_length} prompt) x {args.targets} targets, "
+        f"{args.dtype} activations, {args.frozen_dtype} frozen weights, remat {args.remat}, "
+        f"{args.optimizer}")
+  print(f"  parameters: {result['params_frozen']:,.0f} frozen, "
+        f"{result['params_trainable']:,.0f} trainable; compiled in "
+        f"{result['compile_seconds']:.1f} s")
+  print("  per device: " + ", ".join(f"{name} {_size(result[name])}" for name in
+                                     ("argument", "output", "temp", "alias")))
+  line = (f"  per-device peak (arguments + outputs + temporaries - aliased): "
+          f"{_size(result['total'])}")
+  if args.budget_gib is not None:
+    fits = result["total"] <= args.budget_gib * GIB
+    line += f" -> {'fits' if fits else 'does NOT fit'} in {args.budget_gib:g} GiB"
+  print(line)
+  if os.environ.get(_FAKE_DEVICES_ENV):
+    print("  (from the XLA CPU compiler's buffer assignment on fake devices: an estimate)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  args = _parser().parse_args(argv)
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  try:
+    data, model_parallel = _mesh_shape(args.mesh)
+    needed = data * model_parallel
+    if not os.environ.get(_FAKE_DEVICES_ENV):
+      import jax  # pylint: disable=g-import-not-at-top
+      if jax.device_count() < needed:
+        # Fake CPU devices must be set before jax starts: plan again in a fresh process.
+        env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            f" --xla_force_host_platform_device_count={needed}").strip()
+        print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
+              f"{needed} fake CPU devices", flush=True)
+        return subprocess.run([sys.executable, "-m", "prompt_jax.plan", *argv], env=env,
+                              check=False).returncode
+    _report(args, plan(args))
+  except ConfigError as e:
+    print(f"prompt-jax plan: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,53 @@
+"""`prompt-jax plan` (issue 11): the train step compiled ahead of time on a fake mesh, from
+abstract shapes, with per-device memory that follows the sharding."""
+import re
+import subprocess
+import sys
+
+import pytest
+
+from prompt_jax import plan
+from tests.train.common import cli_subprocess
+
+TINY = ["--model=models/embedded_tiny.gin", "--batch=8", "--inputs=16", "--targets=4",
+        "--prompt_length=8", "--dtype=float32", "--frozen_dtype=float32"]
+
+
+def _per_device(argv, devices):
+  """Plans in a subprocess with `devices` fake CPU devices; returns (arguments, total) bytes."""
+  code = ("import json, sys\nfrom prompt_jax import plan\n"
+          "args = plan._parser().parse_args(sys.argv[1:])\n"
+          "print('PLAN ' + json.dumps(plan.plan(args)))\n")
+  proc = cli_subprocess(argv, devices=devices, python_code=code, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  import json  # pylint: disable=g-import-not-at-top
+  return json.loads(proc.stdout.split("PLAN ")[-1].splitlines()[0])
+
+
+def test_plan_memory_follows_the_mesh():
+  one = _per_device(TINY + ["--mesh=1x1"], devices=1)
+  four = _per_device(TINY + ["--mesh=1x4"], devices=4)
+  # Frozen weights dominate the arguments: 4-way model parallelism holds about a quarter of
+  # them per device (replicated layer norms and relative-position tables make it a bit more).
+  frozen_bytes = one["params_frozen"] * 4  # float32
+  assert one["argument"] >= frozen_bytes
+  assert four["argument"] < 0.45 * one["argument"], (four["argument"], one["argument"])
+  assert one["params_frozen"] == four["params_frozen"] > 0
+  assert one["params_trainable"] == 8 * 64  # the [P, H] prompt
+  assert all(v >= 0 for v in one.values())
+  assert one["total"] > one["argument"] - one["alias"]
+
+
+def test_plan_cli_runs_on_fake_devices_and_prints_memory():
+  proc = cli_subprocess(["plan", *TINY, "--mesh=2x2", "--budget_gib=1"], devices=1,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  out = proc.stdout
+  assert "planning on 4 fake CPU devices" in out
+  assert re.search(r"per-device peak .*: [0-9.]+ (MiB|GiB) -> fits in 1 GiB", out), out[-2000:]
+
+
+def test_plan_refuses_a_bad_mesh():
+  proc = cli_subprocess(["plan", *TINY, "--mesh=8by8"], devices=1, timeout=300)
+  assert proc.returncode == 2
+  assert "prompt-jax plan: error: --mesh='8by8'" in proc.stdout
