@@ -213,7 +213,7 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
       entry = bank_lib.BankEntry(name, prompt, placement, path)
       return Member(name, path, method, prompt.shape[0], entry=entry)
   trainable = {k: v for k, v in saved.items() if k in expected}
-  return Member(name, path, method, spec.input_positions, spec=spec, trainable=trainable)
+  return Member(name, path, method, spec.length, spec=spec, trainable=trainable)
 
 
 # ===== Running =====

@@ -152,3 +152,40 @@ def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path)
   assert len(lines) == 1 and lines[0].startswith(f"prompt-jax {command}: error:"), err
   assert expected in lines[0], lines[0]
   assert not model_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+  """2-step runs of residual (folded into the bank), IDPG (input-dependent) and deep prefix
+  (its own module) on the embedded default."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for method in ("residual", "idpg", "prefix"):
+    model_dir = str(tmp_path_factory.mktemp(method))
+    code, _, err = run_cli(["train"] + common.flags(model_dir, 2,
+                                                     f"--gin_file=prompts/{method}.gin"))
+    assert code == 0, err
+    runs[method] = model_dir
+  return runs
+
+
+def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prompt_files,
+                                                               tmp_path):
+  """MODEL_DIR members: residual is folded into the bank (with a .npy prompt beside it); IDPG
+  and deep prefix run through their own modules on the same batches; each prompt's predictions
+  equal `prompt-jax infer` of its run alone."""
+  prompts = {"file": prompt_files["p1"], **trained_runs}
+  model_dir = tmp_path / "ens"
+  code, _, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
+                          f"--gin.ENSEMBLE_PROMPTS={prompts!r}"] + COMMON)
+  assert code == 0, err
+  report = json.load(open(model_dir / "ensemble" / f"{TASK}.json"))
+  assert [p["method"] for p in report["prompts"]] == [
+      "prompt_tuning (file)", "Residual", "IDPG", "DeepPrefix"], report["prompts"]
+  rows = [json.loads(l) for l in open(model_dir / "ensemble" / f"{TASK}-predictions.jsonl")]
+  for name, run in trained_runs.items():
+    code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{run}'", "--gin.BATCH_SIZE=64"])
+    assert code == 0, err
+    got = [json.loads(l)["prediction"] for l in open(os.path.join(
+        run, "inference", f"{TASK}-validation.jsonl"))]
+    assert got == [r["predictions"][name] for r in rows], name
