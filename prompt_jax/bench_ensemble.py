@@ -81,10 +81,10 @@ def run(args, config) -> int:
   labels = jnp.asarray(np.array([[3, 1, 0], [4, 5, 1]], np.int32))
   length = args.targets
 
-  def bank_fn(x, row_prompt, bank=dev, placements=table.placements):
+  def bank_fn(x, row_prompt, bank=dev, layout=table.layout):
     if args.mode == "score":
-      return bank_lib.score(plain, frozen, x, bank, row_prompt, placements, labels)
-    return bank_lib.greedy(plain, frozen, x, bank, row_prompt, placements, length)
+      return bank_lib.score(plain, frozen, x, bank, row_prompt, layout, labels)
+    return bank_lib.greedy(plain, frozen, x, bank, row_prompt, layout, length)
 
   def single_fn(x, params):
     if args.mode == "score":
@@ -102,7 +102,7 @@ def run(args, config) -> int:
   mixed_table = bank_lib.build_table(mixed_entries)
   mixed_dev = bank_lib.device_bank(mixed_table)
   which = jnp.asarray((np.arange(e * n) % 4).astype(np.int32)[:, None])  # [B, 1]
-  t_mixed = _median_seconds(lambda: bank_fn(rows, which, mixed_dev, mixed_table.placements),
+  t_mixed = _median_seconds(lambda: bank_fn(rows, which, mixed_dev, mixed_table.layout),
                             args.steps)
   frozen_mb = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(frozen)) / 2**20
   table_mb = table.table.nbytes / 2**20

@@ -277,7 +277,7 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
   params = run.frozen
   dev_bank = (bank_lib.device_bank(server.table, jnp.float32)
               if server.table is not None else None)
-  placements = server.table.placements if server.table is not None else ()
+  layout = server.table.layout if server.table is not None else ((), False)
   targets = jnp.asarray(labels) if labels is not None else None
   width = 1 if prompt_of_row is not None else num
   examples = tokens.shape[0]
@@ -288,12 +288,12 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
 
   def bank_call(enc, row_prompt):
     if labels is not None:
-      return bank_lib.score(server.bank_model, params, enc, dev_bank, row_prompt, placements,
+      return bank_lib.score(server.bank_model, params, enc, dev_bank, row_prompt, layout,
                             targets)
     if decoding_cfg.method == "beam":
-      return bank_lib.beam(server.bank_model, params, enc, dev_bank, row_prompt, placements,
+      return bank_lib.beam(server.bank_model, params, enc, dev_bank, row_prompt, layout,
                            max_decode_length, decoding_cfg.beam_size, decoding_cfg.alpha)[0]
-    return bank_lib.greedy(server.bank_model, params, enc, dev_bank, row_prompt, placements,
+    return bank_lib.greedy(server.bank_model, params, enc, dev_bank, row_prompt, layout,
                            max_decode_length)
 
   def module_call(name, enc):

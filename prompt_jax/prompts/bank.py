@@ -17,7 +17,8 @@ then moved behind the last real position ("compaction", a stable sort of each ro
 so every real position sits exactly where it sits when that prompt is evaluated alone: T5's
 relative position biases see the same distances and the masked positions receive no attention.
 A row's outputs thus equal its prompt's alone (up to float32 summation order: greedy tokens equal,
-scores within rounding; tests/prompts/test_bank.py).
+scores within rounding; tests/prompts/test_bank.py). When all prompts have one length, every
+placed row is already laid out as alone and compaction is skipped (`PromptTable.layout`).
 
 The encoder output comes with `mask_tokens` [R, T'] (1 at real positions, 0 elsewhere), which
 stands in for the encoder input tokens of the plain (prompt-less) T5's decoder: its
@@ -60,6 +61,12 @@ class PromptTable:
   @property
   def size(self) -> int:
     return len(self.names)
+
+  @property
+  def layout(self) -> Tuple[Tuple[Any, ...], bool]:
+    """The static part of the jitted functions: (placements, ragged). With prompts of one length
+    every placed row is already laid out as alone, and compaction is skipped."""
+    return self.placements, bool(len(set(self.lengths.tolist())) > 1)
 
   def index(self, name: str) -> int:
     if name not in self.names:
@@ -116,11 +123,12 @@ def compact(values: Array, mask: Array) -> Tuple[Array, Array]:
 
 
 def _bank_encoder(module, tokens: Array, table: Array, lengths: Array, placement_ids: Array,
-                  row_prompt: Array, placements: Tuple[Callable, ...]) -> Tuple[Array, Array]:
+                  row_prompt: Array, layout) -> Tuple[Array, Array]:
   """Run inside `model.apply(..., method=...)` of a prompt-less T5: (encoded [R, T', H],
   valid [R, T'])."""
   cfg = module.config
   encoder = module.encoder
+  placements, ragged = layout
   examples, k = row_prompt.shape
   embedded = module.token_embedder(tokens.astype("int32"))  # [E, T, H]: once per example
   rows = examples * k
@@ -140,7 +148,8 @@ def _bank_encoder(module, tokens: Array, table: Array, lengths: Array, placement
     else:
       use = (row_placement == p)[:, None]
       x, valid = jnp.where(use[..., None], xp, x), jnp.where(use, vp, valid)
-  x, valid = compact(x, valid)
+  if ragged:
+    x, valid = compact(x, valid)
   mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
   x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
   for layer in encoder.layers:
@@ -149,39 +158,40 @@ def _bank_encoder(module, tokens: Array, table: Array, lengths: Array, placement
 
 
 def encode(model, params, tokens: Array, bank: Dict[str, Array], row_prompt: Array,
-           placements: Tuple[Callable, ...]) -> Tuple[Array, Array]:
+           layout) -> Tuple[Array, Array]:
   """(encoded [E * K, T', H], mask_tokens [E * K, T'] int32) of `tokens` [E, T] under the
-  prompts `row_prompt` [E, K]; `bank` = {'table', 'lengths', 'placement_ids'} as arrays.
-  `model` is the frozen T5 without a prompt, `params` its parameters."""
+  prompts `row_prompt` [E, K]; `bank` = {'table', 'lengths', 'placement_ids'} as arrays,
+  `layout` = `PromptTable.layout`. `model` is the frozen T5 without a prompt, `params` its
+  parameters."""
   encoded, valid = model.apply({"params": params}, tokens, bank["table"], bank["lengths"],
-                               bank["placement_ids"], row_prompt, placements,
+                               bank["placement_ids"], row_prompt, layout,
                                method=_bank_encoder)
   return encoded, valid.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placements", "max_decode_length"))
-def greedy(model, params, tokens, bank, row_prompt, placements, max_decode_length):
+@functools.partial(jax.jit, static_argnames=("model", "layout", "max_decode_length"))
+def greedy(model, params, tokens, bank, row_prompt, layout, max_decode_length):
   """Greedy tokens [E * K, max_decode_length] of every (example, prompt) row."""
-  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, placements)
+  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, layout)
   return decoding.greedy_search(model, params, encoded, mask_tokens, max_decode_length)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placements", "max_decode_length",
+@functools.partial(jax.jit, static_argnames=("model", "layout", "max_decode_length",
                                              "beam_size"))
-def beam(model, params, tokens, bank, row_prompt, placements, max_decode_length, beam_size,
+def beam(model, params, tokens, bank, row_prompt, layout, max_decode_length, beam_size,
          alpha):
   """(best tokens [E * K, L], its score [E * K]) of every row (beam search)."""
-  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, placements)
+  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, layout)
   seqs, scores = decoding.beam_search(model, params, encoded, mask_tokens, max_decode_length,
                                       beam_size, alpha)
   return seqs[:, 0], scores[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placements"))
-def score(model, params, tokens, bank, row_prompt, placements, targets):
+@functools.partial(jax.jit, static_argnames=("model", "layout"))
+def score(model, params, tokens, bank, row_prompt, layout, targets):
   """Summed log-likelihood [E * K, C] of the candidate targets [C, L] for every row; the
   encoder runs once per row, the embedding once per example."""
-  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, placements)
+  encoded, mask_tokens = encode(model, params, tokens, bank, row_prompt, layout)
   return decoding.target_log_likelihoods(model, params, encoded, mask_tokens, targets)
 
 

@@ -51,7 +51,7 @@ def _bank_rows(entries, row_prompt, dtype=jnp.float32, length=6):
   model = T5(TINY.replace(dtype=dtype))
   params = numerics.cast(_frozen(), dtype)
   dev = bank_lib.device_bank(table, dtype)
-  args = (model, params, jnp.asarray(TOKENS), dev, jnp.asarray(row_prompt), table.placements)
+  args = (model, params, jnp.asarray(TOKENS), dev, jnp.asarray(row_prompt), table.layout)
   return (np.asarray(bank_lib.greedy(*args, length)),
           np.asarray(bank_lib.score(*args, jnp.asarray(LABELS))),
           bank_lib.beam(*args, length, 3, 0.6))
