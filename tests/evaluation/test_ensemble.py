@@ -189,3 +189,21 @@ def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prom
     got = [json.loads(l)["prediction"] for l in open(os.path.join(
         run, "inference", f"{TASK}-validation.jsonl"))]
     assert got == [r["predictions"][name] for r in rows], name
+
+
+def test_ensemble_on_a_4_device_mesh_equals_one_device(ensembled, prompt_files, tmp_path):
+  """The example batch is sharded on the data axis (4 fake CPU devices) and its N rows follow
+  it: the same per-prompt and ensemble predictions as on one device."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  model_dir, _ = ensembled
+  out_dir = tmp_path / "ens4"
+  proc = common.cli_subprocess(["ensemble-eval", f"--gin.MODEL_DIR='{out_dir}'",
+                                f"--gin.ENSEMBLE_PROMPTS={dict(prompt_files)!r}"] + COMMON,
+                               devices=4, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:]
+  name = f"{TASK}-predictions.jsonl"
+  one = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble", name))]
+  four = [json.loads(l) for l in open(out_dir / "ensemble" / name)]
+  strip = lambda rows: [{k: v for k, v in r.items() if k != "mean_label_log_likelihood"}
+                        for r in rows]
+  assert strip(four) == strip(one)
