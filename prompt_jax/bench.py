@@ -1,4 +1,5 @@
 """`prompt-jax bench train_step`: our prompt-tuning step against HF torch, in the same run.
+(`prompt-jax bench ensemble`: N prompts in one batch, see prompt_jax/bench_ensemble.py.)
 
 The reference is what HF PEFT's prompt tuning does with a T5: a frozen
 `T5ForConditionalGeneration` fed `inputs_embeds = [prompt; embed(inputs)]`, gradients only on the
@@ -24,7 +25,7 @@ import numpy as np
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="prompt-jax bench", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("what", choices=["train_step"], help="what to measure")
+  p.add_argument("what", choices=["train_step", "ensemble"], help="what to measure")
   p.add_argument("--preset", default="t5_1_1_small", help="T5 preset (models/config.py)")
   p.add_argument("--num_layers", type=int, default=None, help="override encoder/decoder layers")
   p.add_argument("--batch", type=int, default=8)
@@ -34,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
   p.add_argument("--reference", choices=["torch", "none"], default="torch")
   p.add_argument("--side", choices=["ours", "torch"], default=None, help=argparse.SUPPRESS)
+  from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
+  bench_ensemble.add_arguments(p)
   return p
 
 
@@ -160,6 +163,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
   if args.side:
     return _side(args)
+  if args.what == "ensemble":
+    from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
+    print(f"ensemble ({args.mode}): {args.preset}"
+          f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, {args.inputs} inputs "
+          f"(+{args.prompt_length} prompt), float32", flush=True)
+    try:
+      return bench_ensemble.run(args, _config(args))
+    except ValueError as e:
+      print(f"prompt-jax bench: error: {e}", file=sys.stderr)
+      return 1
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
            f"{args.targets} targets, float32")

@@ -1,9 +1,11 @@
-"""`prompt-jax`: train | eval | infer | export | describe | tasks | bench | sweep | plan (t5x flags).
+"""`prompt-jax`: train | eval | ensemble-eval | infer | export | describe | tasks | bench | sweep |
+plan, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
   prompt-jax eval --gin.MODEL_DIR="'/tmp/m'"          (a trained run describes itself)
   prompt-jax infer --gin.MODEL_DIR="'/tmp/m'" --input="some text" --input="more text"
+  prompt-jax ensemble-eval --gin.ENSEMBLE_PROMPTS="['/p/a.npy', '/runs/b']" ...  (N prompts)
   prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512
@@ -45,12 +47,13 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax.errors import ConfigError
 
-COMMANDS = ("train", "eval", "infer", "export", "describe", "tasks", "bench", "sweep",
-            "plan")
+COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "describe", "tasks", "bench",
+            "sweep", "plan")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
 RUN_COMMANDS = ("eval", "infer", "export", "describe")
 # Packaged run files (wiring only) a command always needs.
-IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin"}
+IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin",
+                     "ensemble-eval": "runs/prompt_ensemble_eval.gin"}
 # Macros each command needs bound (t5x names).
 REQUIRED_MACROS = {
     "train": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "TRAIN_STEPS",
@@ -59,6 +62,8 @@ REQUIRED_MACROS = {
              "INITIAL_CHECKPOINT_PATH"),
     "infer": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE",
               "INITIAL_CHECKPOINT_PATH"),
+    "ensemble-eval": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE",
+                      "INITIAL_CHECKPOINT_PATH", "ENSEMBLE_PROMPTS"),
     "export": ("MODEL_DIR",),
     "describe": (),
 }
@@ -339,6 +344,7 @@ def check_against_run(layers) -> None:
 def _register_configurables() -> None:
   # Importing registers every gin configurable the packaged gin files name.
   import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.evaluation.ensemble  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.evaluation.run  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.prompts.specs  # pylint: disable=g-import-not-at-top,unused-import
   import prompt_jax.tasks  # pylint: disable=g-import-not-at-top,unused-import
@@ -389,6 +395,16 @@ def _infer(args) -> None:
   run_lib.infer(inputs=args.input or None)  # its last line: "wrote N predictions to <file>"
 
 
+def _ensemble_eval(args) -> None:
+  del args
+  from prompt_jax.evaluation import ensemble  # pylint: disable=g-import-not-at-top
+  result = ensemble.ensemble_eval()
+  _say(ensemble.markdown(result.report))
+  for key, metrics in sorted(result.report["ensemble"].items()):
+    _print_final({f"ensemble_{key}/{k}": v for k, v in metrics.items()})
+  _say("ensemble table " + ", ".join(result.files))
+
+
 def _export(args) -> None:
   from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
   written = export.export(args.format, model_dir=_macro("MODEL_DIR"),
@@ -410,8 +426,8 @@ def _describe(args) -> None:
   describe.describe()
 
 
-_COMMANDS = {"train": _train, "eval": _eval, "infer": _infer, "export": _export,
-             "describe": _describe}
+_COMMANDS = {"train": _train, "eval": _eval, "ensemble-eval": _ensemble_eval, "infer": _infer,
+             "export": _export, "describe": _describe}
 
 
 def _print_final(metrics) -> None:

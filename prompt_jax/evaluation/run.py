@@ -140,12 +140,20 @@ def infer(*, model_dir: str = gin.REQUIRED,
           initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
           model: Optional[run_setup.ModelSpec] = None,
-          inputs: Optional[Sequence[str]] = None, print_fn=print) -> str:
+          inputs: Optional[Sequence[str]] = None, print_fn=print, prompt_bank=None) -> str:
   """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}.
 
   With `inputs` (texts, `--input` on the command line): predicts those instead, prints
   'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
+  With `prompt_bank` (PROMPT_BANK): each example names its prompt, one frozen model serves them
+  all in mixed batches (`evaluation.ensemble.bank_infer`).
   """
+  if prompt_bank is not None:
+    from prompt_jax.evaluation import ensemble  # pylint: disable=g-import-not-at-top
+    return ensemble.bank_infer(model_dir=model_dir, dataset_cfg=dataset_cfg,
+                               prompt_bank=prompt_bank,
+                               initial_checkpoint_path=initial_checkpoint_path,
+                               num_partitions=num_partitions, model=model, inputs=inputs)
   decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,

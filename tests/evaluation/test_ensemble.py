@@ -1,0 +1,209 @@
+"""`prompt-jax ensemble-eval` and `infer` with PROMPT_BANK on the embedded tiny T5, in-process:
+per-prompt results equal each prompt alone, the combinations, and the bad-input lines."""
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from prompt_jax import cli
+from prompt_jax.evaluation import ensemble
+
+TASK = "embedded_last_letter"
+COMMON = ["--gin_file=models/embedded_tiny.gin",
+          f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+          "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+          "--gin.BATCH_SIZE=64"]
+EMB = 64  # models/embedded_tiny.gin emb_dim
+
+
+def run_cli(argv):
+  """(exit code, stdout, stderr) of `prompt-jax <argv>` in this process."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(list(argv))
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def prompt_files(tmp_path_factory):
+  """Three prompts of lengths 4, 8, 6 (scaled like the embedding rows, seeds 0..2)."""
+  d = tmp_path_factory.mktemp("prompts")
+  paths = {}
+  for seed, length in enumerate((4, 8, 6)):
+    path = str(d / f"p{seed}.npy")
+    np.save(path, (3.0 * np.random.RandomState(seed).randn(length, EMB)).astype(np.float32))
+    paths[f"p{seed}"] = path
+  return paths
+
+
+@pytest.fixture(scope="module")
+def ensembled(prompt_files, tmp_path_factory):
+  model_dir = str(tmp_path_factory.mktemp("ens"))
+  code, out, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--gin.ENSEMBLE_PROMPTS={dict(prompt_files)!r}"] + COMMON)
+  assert code == 0, err
+  return model_dir, out
+
+
+def test_ensemble_eval_writes_the_table_and_predictions(ensembled, prompt_files):
+  model_dir, out = ensembled
+  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
+  assert [p["name"] for p in report["prompts"]] == list(prompt_files)
+  assert [p["length"] for p in report["prompts"]] == [4, 8, 6]
+  accs = [p["metrics"]["accuracy"] for p in report["prompts"]]
+  assert report["mean"]["accuracy"] == pytest.approx(np.mean(accs))
+  assert report["best"]["accuracy"]["value"] == max(accs)
+  rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
+                                                    f"{TASK}-predictions.jsonl"))]
+  assert len(rows) == report["num_examples"] == 256
+  # The vote and the accuracy it gets are consistent with the per-prompt predictions.
+  votes = ensemble.majority_vote([[r["predictions"][n] for n in prompt_files] for r in rows])
+  assert [v for v, _ in votes] == [r["majority_vote"] for r in rows]
+  vote_acc = 100 * np.mean([r["majority_vote"] == r["targets"] for r in rows])
+  assert report["ensemble"]["majority_vote"]["accuracy"] == pytest.approx(vote_acc)
+  means = np.array([[r["mean_label_log_likelihood"][l] for l in sorted(
+      r["mean_label_log_likelihood"])] for r in rows])
+  labels = sorted(rows[0]["mean_label_log_likelihood"])
+  assert [labels[i] for i in np.argmax(means, -1)] == [r["mean_log_likelihood"] for r in rows]
+  assert len({r["predictions"]["p0"] for r in rows}) > 1  # not a constant prediction
+  md = open(os.path.join(model_dir, "ensemble", f"{TASK}.md")).read()
+  assert "ensemble: majority vote" in md and "mean of 3 prompts" in md
+  assert out.strip().splitlines()[-1].startswith("ensemble table ")
+
+
+def test_each_prompt_in_the_ensemble_equals_the_prompt_alone(ensembled, prompt_files, tmp_path):
+  """Acceptance 1: p0 (P = 4, padded to 8 in the ensemble) and p1 (the longest) evaluated alone
+  by `prompt-jax infer` / `eval` give the ensemble's predictions and metrics exactly."""
+  model_dir, _ = ensembled
+  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
+  rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
+                                                    f"{TASK}-predictions.jsonl"))]
+  for i, name in enumerate(("p0", "p1")):
+    alone = tmp_path / name
+    length = np.load(prompt_files[name]).shape[0]
+    flags = [f"--gin.MODEL_DIR='{alone}'", f"--gin.PROMPT_FILE='{prompt_files[name]}'",
+             f"--gin.PROMPT_LENGTH={length}"] + COMMON
+    code, _, err = run_cli(["infer"] + flags)
+    assert code == 0, err
+    got = [json.loads(l)["prediction"] for l in open(alone / "inference" /
+                                                     f"{TASK}-validation.jsonl")]
+    assert got == [r["predictions"][name] for r in rows]
+    code, out, err = run_cli(["eval"] + flags)
+    assert code == 0, err
+    assert f"{TASK}/accuracy={report['prompts'][i]['metrics']['accuracy']:.4f}" in out
+
+
+def test_bank_infer_serves_each_example_its_named_prompt(prompt_files, tmp_path, ensembled):
+  """Examples of the task name their prompt by the task name: the bank's outputs equal the
+  prompt's in the ensemble (= alone, test above)."""
+  model_dir, _ = ensembled
+  bank = {TASK: prompt_files["p2"], "spare": prompt_files["p1"]}
+  code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{tmp_path}'",
+                          f"--gin.PROMPT_BANK={bank!r}"] + COMMON)
+  assert code == 0, err
+  got = [json.loads(l) for l in open(tmp_path / "inference" / f"{TASK}-validation-bank.jsonl")]
+  rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
+                                                    f"{TASK}-predictions.jsonl"))]
+  assert {g["prompt"] for g in got} == {TASK}
+  assert [g["prediction"] for g in got] == [r["predictions"]["p2"] for r in rows]
+
+
+def test_majority_vote_and_mean_likelihood_on_crafted_cases():
+  votes = ensemble.majority_vote([
+      ["a", "b", "b"],          # plain majority
+      ["x", "y", "y", "x"],     # tie 2-2: x was given first (prompt 0)
+      ["q", "r", "s"],          # all different: prompt 0's answer
+      ["m", "n", "n", "m", "o"],  # tie: m first
+      ["v", "u", "u", "v"]])  # tie 2-2: v was given first
+  assert votes == [("b", 1), ("x", 0), ("q", 0), ("m", 0), ("v", 0)]
+  scores = np.array([
+      [[-1.0, -2.0], [-3.0, -0.5]],   # means -2, -1.25 -> label 1 (a vote would tie)
+      [[-1.0, -1.0], [-2.0, -2.0]],   # tied means -> the first label
+      [[-0.1, -9.0], [-5.0, -4.0]]])  # means -2.55, -6.5 -> label 0
+  np.testing.assert_array_equal(ensemble.mean_log_likelihood(scores), [1, 0, 0])
+
+
+@pytest.mark.parametrize("case", ["n0", "missing", "width", "unknown_name", "bad_shape"])
+def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path):
+  model_dir = tmp_path / "out"
+  wide = str(tmp_path / "wide.npy")
+  np.save(wide, np.zeros((4, EMB + 2), np.float32))
+  cube = str(tmp_path / "cube.npy")
+  np.save(cube, np.zeros((2, 3, 4), np.float32))
+  command, flag, expected = {
+      "n0": ("ensemble-eval", "--gin.ENSEMBLE_PROMPTS=[]", "names no prompt (N = 0)"),
+      "missing": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', "
+                  f"'/nonexistent/p.npy']", "'/nonexistent/p.npy', which does not exist"),
+      "width": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', '{wide}']",
+                "different widths"),
+      "unknown_name": ("infer", f"--gin.PROMPT_BANK={{'other': '{prompt_files['p0']}'}}",
+                       f"names prompt '{TASK}', which is not in PROMPT_BANK"),
+      "bad_shape": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{cube}']", "[2, 3, 4]"),
+  }[case]
+  code, out, err = run_cli([command, f"--gin.MODEL_DIR='{model_dir}'", flag] + COMMON)
+  assert code == 2, (out, err)
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith(f"prompt-jax {command}: error:"), err
+  assert expected in lines[0], lines[0]
+  assert not model_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+  """2-step runs of residual (folded into the bank), IDPG (input-dependent) and deep prefix
+  (its own module) on the embedded default."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for method in ("residual", "idpg", "prefix"):
+    model_dir = str(tmp_path_factory.mktemp(method))
+    code, _, err = run_cli(["train"] + common.flags(model_dir, 2,
+                                                     f"--gin_file=prompts/{method}.gin"))
+    assert code == 0, err
+    runs[method] = model_dir
+  return runs
+
+
+def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prompt_files,
+                                                               tmp_path):
+  """MODEL_DIR members: residual is folded into the bank (with a .npy prompt beside it); IDPG
+  and deep prefix run through their own modules on the same batches; each prompt's predictions
+  equal `prompt-jax infer` of its run alone."""
+  prompts = {"file": prompt_files["p1"], **trained_runs}
+  model_dir = tmp_path / "ens"
+  code, _, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
+                          f"--gin.ENSEMBLE_PROMPTS={prompts!r}"] + COMMON)
+  assert code == 0, err
+  report = json.load(open(model_dir / "ensemble" / f"{TASK}.json"))
+  assert [p["method"] for p in report["prompts"]] == [
+      "prompt_tuning (file)", "Residual", "IDPG", "DeepPrefix"], report["prompts"]
+  rows = [json.loads(l) for l in open(model_dir / "ensemble" / f"{TASK}-predictions.jsonl")]
+  for name, run in trained_runs.items():
+    code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{run}'", "--gin.BATCH_SIZE=64"])
+    assert code == 0, err
+    got = [json.loads(l)["prediction"] for l in open(os.path.join(
+        run, "inference", f"{TASK}-validation.jsonl"))]
+    assert got == [r["predictions"][name] for r in rows], name
+
+
+def test_ensemble_on_a_4_device_mesh_equals_one_device(ensembled, prompt_files, tmp_path):
+  """The example batch is sharded on the data axis (4 fake CPU devices) and its N rows follow
+  it: the same per-prompt and ensemble predictions as on one device."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  model_dir, _ = ensembled
+  out_dir = tmp_path / "ens4"
+  proc = common.cli_subprocess(["ensemble-eval", f"--gin.MODEL_DIR='{out_dir}'",
+                                f"--gin.ENSEMBLE_PROMPTS={dict(prompt_files)!r}"] + COMMON,
+                               devices=4, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:]
+  name = f"{TASK}-predictions.jsonl"
+  one = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble", name))]
+  four = [json.loads(l) for l in open(out_dir / "ensemble" / name)]
+  strip = lambda rows: [{k: v for k, v in r.items() if k != "mean_label_log_likelihood"}
+                        for r in rows]
+  assert strip(four) == strip(one)
