@@ -124,9 +124,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
     parser.add_argument("--format", choices=sorted(export.FORMATS), default="npy",
                         help="npy: the trained prompt as [PROMPT_LENGTH, emb_dim] (DPT, residual "
-                             "and prefix methods folded)")
+                             "and prefix methods folded); peft: a Hugging Face PEFT "
+                             "prompt-tuning adapter dir (adapter_config.json + "
+                             "adapter_model.safetensors)")
     parser.add_argument("--output", default=None,
-                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy)")
+                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy; "
+                             "peft: the adapter dir, default MODEL_DIR/export/peft_step<N>)")
   return parser
 
 
@@ -389,9 +392,11 @@ def _infer(args) -> None:
 
 def _export(args) -> None:
   from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
+  backbone = _macro("INITIAL_CHECKPOINT_PATH")  # the adapter's base_model_name_or_path (peft)
   written = export.export(args.format, model_dir=_macro("MODEL_DIR"),
                           checkpoint_path=_macro("CHECKPOINT_PATH"),
-                          output=absolute(args.output) if args.output else None)
+                          output=absolute(args.output) if args.output else None,
+                          base_model=backbone if isinstance(backbone, str) else None)
   _say("wrote " + "; ".join(written))
 
 
