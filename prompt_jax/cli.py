@@ -1,10 +1,12 @@
-"""`prompt-jax`: train | eval | infer | export | describe | tasks | bench | sweep, with t5x's flags.
+"""`prompt-jax`: train | eval | infer | export | inspect | describe | tasks | bench | sweep, with
+t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
   prompt-jax eval --gin.MODEL_DIR="'/tmp/m'"          (a trained run describes itself)
   prompt-jax infer --gin.MODEL_DIR="'/tmp/m'" --input="some text" --input="more text"
-  prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"
+  prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"      (--format=peft: a PEFT adapter)
+  prompt-jax inspect --gin.MODEL_DIR="'/tmp/m'"     (or --prompt=p.npy: neighbours, spectrum)
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
 
 Flags (as t5x's train.py): --gin_file (repeatable; later overrides earlier), --gin.NAME=VALUE,
@@ -44,9 +46,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax.errors import ConfigError
 
-COMMANDS = ("train", "eval", "infer", "export", "describe", "tasks", "bench", "sweep")
+COMMANDS = ("train", "eval", "infer", "export", "inspect", "describe", "tasks", "bench",
+            "sweep")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
-RUN_COMMANDS = ("eval", "infer", "export", "describe")
+RUN_COMMANDS = ("eval", "infer", "export", "inspect", "describe")
 # Packaged run files (wiring only) a command always needs.
 IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin"}
 # Macros each command needs bound (t5x names).
@@ -58,6 +61,7 @@ REQUIRED_MACROS = {
     "infer": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE",
               "INITIAL_CHECKPOINT_PATH"),
     "export": ("MODEL_DIR",),
+    "inspect": (),  # MODEL_DIR or --prompt (evaluation/inspect.py says which is missing)
     "describe": (),
 }
 # Paths (gin macros) made absolute against the working directory before anything runs, so a
@@ -130,6 +134,19 @@ def _parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--output", default=None,
                         help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy; "
                              "peft: the adapter dir, default MODEL_DIR/export/peft_step<N>)")
+  if command == "inspect":
+    from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+    parser.add_argument("--prompt", default=None, metavar="FILE.npy",
+                        help="a [P, H] prompt file to inspect (default: the run in MODEL_DIR, "
+                             "its prompt folded); the frozen model is INITIAL_CHECKPOINT_PATH")
+    parser.add_argument("--top_k", type=int, default=inspect_lib.DEFAULT_TOP_K,
+                        help="nearest vocabulary rows listed per prompt position")
+    parser.add_argument("--vocabulary", default=None, metavar="SPIECE.model",
+                        help="SentencePiece model decoding the neighbours (default: the task's "
+                             "vocabulary, else T5's)")
+    parser.add_argument("--output_dir", default=None,
+                        help="where the plots and tables go (default: beside --prompt, or "
+                             "MODEL_DIR/inspect)")
   return parser
 
 
@@ -253,7 +270,7 @@ def check_required(command: str, layers=None) -> None:
       continue
     if value is gin.REQUIRED or repr(value) == "%gin.REQUIRED":
       missing.append(name)
-  if command != "describe":  # describe needs only the model's bindings
+  if command not in ("describe", "inspect"):  # these need only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
   model_dir = _macro("MODEL_DIR")
   if (missing and command in RUN_COMMANDS and model_dir and layers is not None
@@ -400,6 +417,32 @@ def _export(args) -> None:
   _say("wrote " + "; ".join(written))
 
 
+def _macro_value(name: str):
+  """A macro's value, a `@configurable()` reference evaluated (INITIAL_CHECKPOINT_PATH of the
+  embedded default is `@prompt_jax.embedded_checkpoint_path()`)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  value = _macro(name)
+  if isinstance(value, gin.config.ConfigurableReference) and value.evaluate:
+    return value.scoped_configurable_fn()
+  return value
+
+
+def _inspect(args) -> None:
+  from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  vocabulary = inspect_lib.vocabulary_of(
+      absolute(args.vocabulary) if args.vocabulary else None,
+      task=_macro("MIXTURE_OR_TASK_NAME"), task_module=_macro("MIXTURE_OR_TASK_MODULE"))
+  result = inspect_lib.inspect(
+      prompt_file=absolute(args.prompt) if args.prompt else None,
+      model_dir=None if args.prompt else _macro("MODEL_DIR"),
+      checkpoint_path=_macro("CHECKPOINT_PATH"),
+      initial_checkpoint_path=_macro_value("INITIAL_CHECKPOINT_PATH"), vocabulary=vocabulary,
+      top_k=args.top_k, output_dir=absolute(args.output_dir) if args.output_dir else None)
+  for line in result.summary_lines():
+    _say(line)
+  _say("wrote " + ", ".join(result.files))
+
+
 def _describe(args) -> None:
   del args
   from prompt_jax.train import describe  # pylint: disable=g-import-not-at-top
@@ -414,7 +457,7 @@ def _describe(args) -> None:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "infer": _infer, "export": _export,
-             "describe": _describe}
+             "inspect": _inspect, "describe": _describe}
 
 
 def _print_final(metrics) -> None:
