@@ -64,6 +64,10 @@ REQUIRED_MACROS = {
     "inspect": (),  # MODEL_DIR or --prompt (evaluation/inspect.py says which is missing)
     "describe": (),
 }
+# Macros a command reads itself (not through a gin binding): set on the command line, they are
+# used even where no gin file references them.
+READ_MACROS = {"inspect": ("MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
+                           "MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE")}
 # Paths (gin macros) made absolute against the working directory before anything runs, so a
 # relative MODEL_DIR writes where you are and resumes from anywhere given the same absolute path.
 PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
@@ -277,7 +281,7 @@ def check_required(command: str, layers=None) -> None:
       and layers.run_config is None):
     raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
                  f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
-  check_macro_typos()
+  check_macro_typos(READ_MACROS.get(command, ()))
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
@@ -316,13 +320,13 @@ def unbound_macros() -> List[str]:
 _USER_MACROS: List[str] = []  # macros bound by --gin.NAME=VALUE / --gin_bindings
 
 
-def check_macro_typos() -> None:
+def check_macro_typos(read: Sequence[str] = ()) -> None:
   """A macro set on the command line that no binding of this configuration uses, and that no
   packaged gin file knows, is a typo (gin would ignore it): one error. A packaged macro this
   configuration does not use (CLASS_LABELS with a uniform init, say: sweeps set such macros for
-  every job) gets a note."""
+  every job) gets a note. `read`: macros the command reads itself (READ_MACROS)."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-  referenced = _referenced_macros()
+  referenced = _referenced_macros() | set(read)
   known = referenced | layering.packaged_macros()
   for name in _USER_MACROS:
     if name in referenced:

@@ -355,9 +355,13 @@ def embedding_table(initial_checkpoint_path: Optional[str]) -> np.ndarray:
 
 def vocabulary_of(spm_path: Optional[str] = None, task: Optional[str] = None,
                   task_module: Optional[str] = None):
-  """--vocabulary (a SentencePiece model), else the task's `targets` vocabulary, else T5's
-  (vocab.get_vocabulary: $PROMPT_JAX_SPM_PATH or its public GCS path)."""
+  """--vocabulary (a SentencePiece model), else the task's `targets` vocabulary, else
+  $PROMPT_JAX_SPM_PATH's (never T5's public GCS file behind the user's back: one line instead)."""
   from prompt_jax import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  if not (spm_path or task or os.environ.get(vocab_lib.SPM_PATH_ENV)):
+    raise ConfigError(f"inspect decodes the neighbours with a vocabulary: give "
+                      f"--vocabulary=spiece.model (or set ${vocab_lib.SPM_PATH_ENV}), or a run's "
+                      f"MODEL_DIR / MIXTURE_OR_TASK_NAME")
   try:
     if spm_path:
       return vocab_lib.get_vocabulary(spm_path)

@@ -215,6 +215,10 @@ def test_inspect_refuses_methods_without_an_input_embedding_prompt(probe_run, sp
 ], ids=["nothing", "missing_file", "top_k"])
 def test_cli_bad_input_is_one_line(argv, message):
   code, out, err = run_cli(["inspect", "--gin_file=runs/embedded_default.gin"] + argv)
+  _assert_one_line(code, out, err, message)
+
+
+def _assert_one_line(code, out, err, message):
   assert code == 2 and out == ""
   assert err == f"prompt-jax inspect: error: {message}" + err[len(
       f"prompt-jax inspect: error: {message}"):] and err.count("\n") == 1, err
@@ -228,3 +232,32 @@ def test_a_prompt_of_another_width_is_refused(tmp_path):
                                "model's embeddings are 64-d: inspect it with the model it was "
                                "trained for\n")
   assert os.listdir(tmp_path) == ["wide.npy"]
+
+
+def test_vocabulary_flag_decodes_with_a_sentencepiece_model(spm_path, tmp_path):
+  """No run, no task: --prompt, INITIAL_CHECKPOINT_PATH and --vocabulary are all it needs."""
+  from prompt_jax import vocab  # pylint: disable=g-import-not-at-top
+  table = checkpoints.load_array(_embedded_path(), "token_embedder/embedding")  # [260, 64]
+  path = tmp_path / "p.npy"
+  np.save(path, table[[100, 7]])
+  code, out, err = run_cli(["inspect", f"--prompt={path}", f"--vocabulary={spm_path}",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'",
+                            f"--output_dir={tmp_path / 'out'}"])
+  assert code == 0, err
+  pieces = vocab.get_vocabulary(str(spm_path)).tokenizer
+  report = json.loads((tmp_path / "out" / "p_inspect.json").read_text())
+  assert [n[0]["text"] for n in report["neighbours"]] == [pieces.id_to_piece(100),
+                                                          pieces.id_to_piece(7)]
+  assert out.splitlines()[-1].startswith(f"wrote {tmp_path / 'out' / 'p_spectrum.png'}, ")
+  assert not any(l.startswith("note:") for l in out.splitlines())  # the macros it reads are used
+
+
+def test_a_prompt_file_without_a_vocabulary_is_refused(tmp_path, monkeypatch):
+  monkeypatch.delenv("PROMPT_JAX_SPM_PATH", raising=False)
+  path = tmp_path / "p.npy"
+  np.save(path, np.ones((2, 64), np.float32))
+  code, out, err = run_cli(["inspect", f"--prompt={path}",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'"])
+  _assert_one_line(code, out, err, "inspect decodes the neighbours with a vocabulary: give "
+                                   "--vocabulary=spiece.model")
+  assert os.listdir(tmp_path) == ["p.npy"]
