@@ -147,7 +147,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
                         help="nearest vocabulary rows listed per prompt position")
     parser.add_argument("--vocabulary", default=None, metavar="SPIECE.model",
                         help="SentencePiece model decoding the neighbours (default: the task's "
-                             "vocabulary, else T5's)")
+                             "vocabulary, else $PROMPT_JAX_SPM_PATH)")
     parser.add_argument("--output_dir", default=None,
                         help="where the plots and tables go (default: beside --prompt, or "
                              "MODEL_DIR/inspect)")
