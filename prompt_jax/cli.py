@@ -1,12 +1,13 @@
-"""`prompt-jax`: train | eval | ensemble-eval | infer | export | describe | tasks | bench | sweep |
-plan, with t5x's flags.
+"""`prompt-jax`: train | eval | ensemble-eval | infer | export | inspect | describe | tasks |
+bench | sweep | plan, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
   prompt-jax eval --gin.MODEL_DIR="'/tmp/m'"          (a trained run describes itself)
   prompt-jax infer --gin.MODEL_DIR="'/tmp/m'" --input="some text" --input="more text"
   prompt-jax ensemble-eval --gin.ENSEMBLE_PROMPTS="['/p/a.npy', '/runs/b']" ...  (N prompts)
-  prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"
+  prompt-jax export --format=npy --gin.MODEL_DIR="'/tmp/m'"      (--format=peft: a PEFT adapter)
+  prompt-jax inspect --gin.MODEL_DIR="'/tmp/m'"     (or --prompt=p.npy: neighbours, spectrum)
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512
 
@@ -47,10 +48,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax.errors import ConfigError
 
-COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "describe", "tasks", "bench",
-            "sweep", "plan")
+COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "describe", "tasks",
+            "bench", "sweep", "plan")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
-RUN_COMMANDS = ("eval", "infer", "export", "describe")
+RUN_COMMANDS = ("eval", "infer", "export", "inspect", "describe")
 # Packaged run files (wiring only) a command always needs.
 IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin",
                      "ensemble-eval": "runs/prompt_ensemble_eval.gin"}
@@ -65,8 +66,13 @@ REQUIRED_MACROS = {
     "ensemble-eval": ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TASK_FEATURE_LENGTHS", "BATCH_SIZE",
                       "INITIAL_CHECKPOINT_PATH", "ENSEMBLE_PROMPTS"),
     "export": ("MODEL_DIR",),
+    "inspect": (),  # MODEL_DIR or --prompt (evaluation/inspect.py says which is missing)
     "describe": (),
 }
+# Macros a command reads itself (not through a gin binding): set on the command line, they are
+# used even where no gin file references them.
+READ_MACROS = {"inspect": ("MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
+                           "MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE")}
 # Paths (gin macros) made absolute against the working directory before anything runs, so a
 # relative MODEL_DIR writes where you are and resumes from anywhere given the same absolute path.
 PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
@@ -131,9 +137,25 @@ def _parser(command: str) -> argparse.ArgumentParser:
     from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
     parser.add_argument("--format", choices=sorted(export.FORMATS), default="npy",
                         help="npy: the trained prompt as [PROMPT_LENGTH, emb_dim] (DPT, residual "
-                             "and prefix methods folded)")
+                             "and prefix methods folded); peft: a Hugging Face PEFT "
+                             "prompt-tuning adapter dir (adapter_config.json + "
+                             "adapter_model.safetensors)")
     parser.add_argument("--output", default=None,
-                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy)")
+                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy; "
+                             "peft: the adapter dir, default MODEL_DIR/export/peft_step<N>)")
+  if command == "inspect":
+    from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+    parser.add_argument("--prompt", default=None, metavar="FILE.npy",
+                        help="a [P, H] prompt file to inspect (default: the run in MODEL_DIR, "
+                             "its prompt folded); the frozen model is INITIAL_CHECKPOINT_PATH")
+    parser.add_argument("--top_k", type=int, default=inspect_lib.DEFAULT_TOP_K,
+                        help="nearest vocabulary rows listed per prompt position")
+    parser.add_argument("--vocabulary", default=None, metavar="SPIECE.model",
+                        help="SentencePiece model decoding the neighbours (default: the task's "
+                             "vocabulary, else $PROMPT_JAX_SPM_PATH)")
+    parser.add_argument("--output_dir", default=None,
+                        help="where the plots and tables go (default: beside --prompt, or "
+                             "MODEL_DIR/inspect)")
   return parser
 
 
@@ -257,14 +279,14 @@ def check_required(command: str, layers=None) -> None:
       continue
     if value is gin.REQUIRED or repr(value) == "%gin.REQUIRED":
       missing.append(name)
-  if command != "describe":  # describe needs only the model's bindings
+  if command not in ("describe", "inspect"):  # these need only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
   model_dir = _macro("MODEL_DIR")
   if (missing and command in RUN_COMMANDS and model_dir and layers is not None
       and layers.run_config is None):
     raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
                  f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
-  check_macro_typos()
+  check_macro_typos(READ_MACROS.get(command, ()))
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
@@ -303,13 +325,13 @@ def unbound_macros() -> List[str]:
 _USER_MACROS: List[str] = []  # macros bound by --gin.NAME=VALUE / --gin_bindings
 
 
-def check_macro_typos() -> None:
+def check_macro_typos(read: Sequence[str] = ()) -> None:
   """A macro set on the command line that no binding of this configuration uses, and that no
   packaged gin file knows, is a typo (gin would ignore it): one error. A packaged macro this
   configuration does not use (CLASS_LABELS with a uniform init, say: sweeps set such macros for
-  every job) gets a note."""
+  every job) gets a note. `read`: macros the command reads itself (READ_MACROS)."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-  referenced = _referenced_macros()
+  referenced = _referenced_macros() | set(read)
   known = referenced | layering.packaged_macros()
   for name in _USER_MACROS:
     if name in referenced:
@@ -407,10 +429,38 @@ def _ensemble_eval(args) -> None:
 
 def _export(args) -> None:
   from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
+  backbone = _macro("INITIAL_CHECKPOINT_PATH")  # the adapter's base_model_name_or_path (peft)
   written = export.export(args.format, model_dir=_macro("MODEL_DIR"),
                           checkpoint_path=_macro("CHECKPOINT_PATH"),
-                          output=absolute(args.output) if args.output else None)
+                          output=absolute(args.output) if args.output else None,
+                          base_model=backbone if isinstance(backbone, str) else None)
   _say("wrote " + "; ".join(written))
+
+
+def _macro_value(name: str):
+  """A macro's value, a `@configurable()` reference evaluated (INITIAL_CHECKPOINT_PATH of the
+  embedded default is `@prompt_jax.embedded_checkpoint_path()`)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  value = _macro(name)
+  if isinstance(value, gin.config.ConfigurableReference) and value.evaluate:
+    return value.scoped_configurable_fn()
+  return value
+
+
+def _inspect(args) -> None:
+  from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  vocabulary = inspect_lib.vocabulary_of(
+      absolute(args.vocabulary) if args.vocabulary else None,
+      task=_macro("MIXTURE_OR_TASK_NAME"), task_module=_macro("MIXTURE_OR_TASK_MODULE"))
+  result = inspect_lib.inspect(
+      prompt_file=absolute(args.prompt) if args.prompt else None,
+      model_dir=None if args.prompt else _macro("MODEL_DIR"),
+      checkpoint_path=_macro("CHECKPOINT_PATH"),
+      initial_checkpoint_path=_macro_value("INITIAL_CHECKPOINT_PATH"), vocabulary=vocabulary,
+      top_k=args.top_k, output_dir=absolute(args.output_dir) if args.output_dir else None)
+  for line in result.summary_lines():
+    _say(line)
+  _say("wrote " + ", ".join(result.files))
 
 
 def _describe(args) -> None:
@@ -427,7 +477,7 @@ def _describe(args) -> None:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "ensemble-eval": _ensemble_eval, "infer": _infer,
-             "export": _export, "describe": _describe}
+             "export": _export, "inspect": _inspect, "describe": _describe}
 
 
 def _print_final(metrics) -> None:

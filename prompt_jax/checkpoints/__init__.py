@@ -22,7 +22,7 @@ from prompt_jax.checkpoints.detect import detect_format, resolve
 from prompt_jax.checkpoints.tree import CheckpointError, expected_shapes
 from prompt_jax.models.config import T5Config
 
-__all__ = ["load", "save", "detect_format", "expected_shapes", "CheckpointError", "FORMATS",
+__all__ = ["load", "load_array", "save", "detect_format", "expected_shapes", "CheckpointError", "FORMATS",
            "HF", "T5X_LEGACY", "T5X_ORBAX"]
 
 _READERS = {T5X_LEGACY: t5x_legacy.LegacyCheckpoint, T5X_ORBAX: orbax_format.OrbaxCheckpoint,
@@ -56,6 +56,17 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
   dtype = np.dtype(jnp.dtype(np.float32 if dtype is None else dtype))
   flat = checkpoint.restore(list(expected), dtype, flat_shardings)
   return config, tree_lib.unflatten(flat)
+
+
+def load_array(path, name: str, dtype=None) -> np.ndarray:
+  """One parameter of the checkpoint at `path` (e.g. 'token_embedder/embedding'), as a host
+  array, without reading the others (any format `load` reads; no config needed)."""
+  fmt, ckpt_dir = resolve(path)
+  checkpoint = _READERS[fmt](ckpt_dir)
+  if name not in checkpoint.shapes:
+    raise CheckpointError(f"{ckpt_dir} has no parameter {name}")
+  dtype = np.dtype(jnp.dtype(np.float32 if dtype is None else dtype))
+  return np.asarray(checkpoint.restore([name], dtype)[name])
 
 
 def save(path, params: Mapping[str, Any], *, step: int = 0,

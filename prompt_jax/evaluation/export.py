@@ -1,9 +1,11 @@
-"""`prompt-jax export --format=npy`: the trained prompt of a run as plain arrays.
+"""`prompt-jax export --format=npy|peft`: the trained prompt of a run as plain arrays.
 
   prompt tuning, DPT, residual   -> prompt_step<N>.npy          [P, H]  (DPT / residual folded)
   deep prefix (P-tuning v2)      -> prefix_step<N>.npy          [2, L, P, D]  key, value stacked
                                     decoder_prefix_step<N>.npy  (PREFIX_DECODER = True)
   IDPG, M-IDPG, IPT              -> refused: their prompt depends on the input
+`--format=peft` writes the [P, H] prompt as a Hugging Face PEFT prompt-tuning adapter directory
+(evaluation/peft_export.py; prefix placement, input-level prompts only),
 written to MODEL_DIR/export/ (or --output) from the latest intact checkpoint (or CHECKPOINT_PATH).
 A [P, H] file is what `prompts/from_file.gin` (PROMPT_FILE) and plain prompt tuning read.
 
@@ -44,8 +46,9 @@ def _nested(flat: Mapping[str, np.ndarray]) -> Dict[str, Any]:
 
 
 def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
-               output: Optional[str] = None) -> List[str]:
+               output: Optional[str] = None, base_model: Optional[str] = None) -> List[str]:
   """Writes each folded array as .npy; returns 'name [shape] float32 (step N): path' lines."""
+  del base_model  # a .npy names no backbone
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))
@@ -66,11 +69,20 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   return written
 
 
-FORMATS: Dict[str, Callable[..., List[str]]] = {"npy": export_npy}
+def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optional[str] = None,
+                base_model: Optional[str] = None) -> List[str]:
+  """A PEFT prompt-tuning adapter directory (`evaluation/peft_export.py`)."""
+  from prompt_jax.evaluation import peft_export  # pylint: disable=g-import-not-at-top
+  return peft_export.export_peft(model, run, output, base_model)
+
+
+# --format -> writer(model, run, output, base_model=INITIAL_CHECKPOINT_PATH) -> result lines
+FORMATS: Dict[str, Callable[..., List[str]]] = {"npy": export_npy, "peft": export_peft}
 
 
 def export(fmt: str, model_dir: str, checkpoint_path: Optional[str] = None,
-           output: Optional[str] = None, model: Optional[run_setup.ModelSpec] = None) -> List[str]:
+           output: Optional[str] = None, model: Optional[run_setup.ModelSpec] = None,
+           base_model: Optional[str] = None) -> List[str]:
   """`prompt-jax export --format=<fmt>`: the run's latest (or CHECKPOINT_PATH's) checkpoint."""
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r}: choose one of {sorted(FORMATS)}")
@@ -79,4 +91,4 @@ def export(fmt: str, model_dir: str, checkpoint_path: Optional[str] = None,
     raise ConfigError(f"MODEL_DIR {model_dir} has no checkpoint to export: train first, or set "
                       f"CHECKPOINT_PATH")
   model = model or run_setup.model_spec()
-  return FORMATS[fmt](model, run, output)
+  return FORMATS[fmt](model, run, output, base_model=base_model)

@@ -1,0 +1,208 @@
+"""`prompt-jax export --format=peft`: a trained prompt as a Hugging Face PEFT prompt-tuning
+adapter, loaded by `peft.PeftModel.from_pretrained` onto the HF T5 whose weights the run was
+trained on, gives our logits (issue 9, acceptance 4); what PEFT cannot represent is refused in one
+line with nothing written (acceptance 6, export part)."""
+import contextlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import jax.numpy as jnp  # noqa: E402
+
+from prompt_jax import checkpoints  # noqa: E402
+from prompt_jax import cli  # noqa: E402
+from prompt_jax import run_setup  # noqa: E402
+from prompt_jax.errors import ConfigError  # noqa: E402
+from prompt_jax.evaluation import export  # noqa: E402
+from prompt_jax.evaluation import peft_export  # noqa: E402
+from prompt_jax.models import T5, get_config  # noqa: E402
+from prompt_jax.prompts import specs  # noqa: E402
+from tests import numerics  # noqa: E402
+from tests.train import common  # noqa: E402
+
+# The embedded default's model shape (gin/models/embedded_tiny.gin: T5 1.1, 64-d, 2+2 layers,
+# byte vocabulary of 260), so its task trains on this HF checkpoint.
+VOCAB, D_MODEL, D_KV, HEADS, D_FF, LAYERS = 260, 64, 16, 4, 256, 2
+PROMPT_LENGTH = 8  # runs/embedded_default.gin
+
+
+def run_cli(argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(list(argv))
+  return code, out.getvalue(), err.getvalue()
+
+
+def _hf_t5():
+  """A random HF T5 1.1 (gated gelu, untied) of the embedded model's shape."""
+  config = transformers.T5Config(
+      vocab_size=VOCAB, d_model=D_MODEL, d_kv=D_KV, d_ff=D_FF, num_layers=LAYERS,
+      num_decoder_layers=LAYERS, num_heads=HEADS, feed_forward_proj="gated-gelu",
+      tie_word_embeddings=False, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+      eos_token_id=1)
+  torch.manual_seed(7)
+  model = transformers.T5ForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "layer_norm" in name:  # HF initialises norms to 1: make the mapping visible
+        p.uniform_(0.5, 1.5)
+  model.config.tie_word_embeddings = False  # transformers 5 ties by default: untie
+  model.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, D_MODEL) * D_MODEL**-0.5)
+  return model
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+  """2 steps of the embedded default's prompt tuning with a random HF T5 as the frozen model."""
+  root = tmp_path_factory.mktemp("peft")
+  hf_dir = str(root / "hf_t5")
+  _hf_t5().save_pretrained(hf_dir)
+  model_dir = str(root / "run")
+  code, _, err = run_cli(["train"] + common.flags(
+      model_dir, 2, f"--gin.INITIAL_CHECKPOINT_PATH='{hf_dir}'"))
+  assert code == 0, err
+  return hf_dir, model_dir
+
+
+def _batch(seed: int):
+  rng = np.random.RandomState(seed)
+  batch, enc_len, dec_len = 3, 14, 6
+  enc = rng.randint(2, VOCAB, (batch, enc_len))
+  enc[1, 9:] = 0  # padded inputs: PEFT extends the attention mask, we mask by tokens
+  enc[2, 4:] = 0
+  tgt = rng.randint(2, VOCAB, (batch, dec_len))
+  tgt[2, 3:] = 0
+  dec_in = np.concatenate([np.zeros((batch, 1), int), tgt[:, :-1]], axis=1)
+  dec_in[tgt == 0] = 0
+  return enc, dec_in, tgt
+
+
+def test_peft_adapter_gives_our_logits_on_the_hf_t5(hf_run):
+  hf_dir, model_dir = hf_run
+  code, out, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
+  adapter = os.path.join(model_dir, "export", "peft_step2")
+  assert out.splitlines()[-1] == (
+      f"wrote PEFT prompt-tuning adapter ({PROMPT_LENGTH} virtual tokens x {D_MODEL}, "
+      f"PromptTuning of checkpoint step 2) to {adapter}")
+  assert sorted(os.listdir(adapter)) == ["adapter_config.json", "adapter_model.safetensors"]
+  config = json.loads(open(os.path.join(adapter, "adapter_config.json")).read())
+  assert (config["peft_type"], config["task_type"], config["num_virtual_tokens"],
+          config["token_dim"], config["num_transformer_submodules"],
+          config["base_model_name_or_path"]) == (
+              "PROMPT_TUNING", "SEQ_2_SEQ_LM", PROMPT_LENGTH, D_MODEL, 1, hf_dir)
+  code, _, err = run_cli(["export", "--format=npy", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
+  prompt = np.load(os.path.join(model_dir, "export", "prompt_step2.npy"))  # [P, H]
+  assert prompt.shape == (PROMPT_LENGTH, D_MODEL)
+
+  # PEFT loads our adapter as its own: a prompt-tuning encoder holding exactly our prompt.
+  hf = transformers.T5ForConditionalGeneration.from_pretrained(hf_dir).eval()
+  tuned = peft.PeftModel.from_pretrained(hf, adapter).eval()
+  assert tuned.active_peft_config.peft_type == peft.PeftType.PROMPT_TUNING
+  np.testing.assert_array_equal(
+      tuned.prompt_encoder["default"].embedding.weight.detach().numpy(), prompt)
+
+  enc, dec_in, tgt = _batch(seed=3)
+  with torch.no_grad():
+    theirs = tuned(input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0),
+                   decoder_input_ids=torch.tensor(dec_in),
+                   decoder_attention_mask=torch.tensor(tgt > 0)).logits.numpy()
+
+  # Ours: the same HF weights through our loader, plain prompt tuning (prefix) with that prompt.
+  t5_config, params = checkpoints.load(hf_dir)
+  spec = specs.prompt_tuning(length=PROMPT_LENGTH)
+
+  def ours(dtype):
+    model = run_setup.build_model(t5_config.replace(dtype=dtype), spec)
+    full = numerics.cast({**params, "encoder": {**params["encoder"], "prompt": {
+        "prompt": {"prompt": prompt}}}}, dtype)
+    return np.asarray(model.apply({"params": full}, enc, dec_in, tgt, enable_dropout=False))
+
+  ours32 = ours(jnp.float32)
+  with numerics.float64():
+    ours64 = ours(jnp.float64)
+  assert theirs.shape == ours32.shape == (3, 6, VOCAB)
+  valid = tgt > 0  # HF computes padded target positions differently; they carry no loss
+  # PEFT's float32 logits must be as close to the exact (float64) function as float32 allows:
+  # the bound is 8x our own float32 error against our float64 evaluation (tests/numerics.py).
+  distance = numerics.assert_close(theirs[valid], ours32[valid], ours64[valid],
+                                   what="PEFT + HF T5 logits")
+  assert distance < 1e-4  # the issue's tolerance, implied by the derived bound here
+  # A wrong placement or a missing mask moves them far more than that bound.
+  no_prompt = np.asarray(T5(t5_config.replace(dtype=jnp.float32)).apply(
+      {"params": params}, enc, dec_in, tgt, enable_dropout=False))
+  assert np.abs(no_prompt - theirs)[valid].max() > 1e-2
+
+
+def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
+  """The file PEFT's own save_pretrained writes for a prompt-tuning model holds one tensor,
+  `prompt_embeddings`; ours has the same keys, shape and dtype, and the same config fields."""
+  hf = _hf_t5()
+  peft_config = peft.PromptTuningConfig(task_type="SEQ_2_SEQ_LM", num_virtual_tokens=5,
+                                        token_dim=D_MODEL, num_transformer_submodules=1,
+                                        num_attention_heads=HEADS, num_layers=LAYERS)
+  theirs = peft.get_peft_model(hf, peft_config)
+  theirs.save_pretrained(str(tmp_path / "theirs"))
+  prompt = np.random.RandomState(0).randn(5, D_MODEL).astype(np.float32)
+  peft_export.write_adapter(prompt, str(tmp_path / "ours"), _CONFIG)
+  load = lambda d: safetensors_torch.load_file(str(tmp_path / d / "adapter_model.safetensors"))
+  a, b = load("theirs"), load("ours")
+  assert sorted(a) == sorted(b) == ["prompt_embeddings"]
+  assert a["prompt_embeddings"].shape == b["prompt_embeddings"].shape
+  assert a["prompt_embeddings"].dtype == b["prompt_embeddings"].dtype
+  read = lambda d: json.loads((tmp_path / d / "adapter_config.json").read_text())
+  theirs_cfg, ours_cfg = read("theirs"), read("ours")
+  theirs_cfg.pop("peft_version", None)  # the writer's version: ours is not peft
+  assert sorted(ours_cfg) == sorted(theirs_cfg)
+  for key in ("peft_type", "task_type", "num_virtual_tokens", "token_dim",
+              "num_transformer_submodules", "num_attention_heads", "num_layers"):
+    assert ours_cfg[key] == theirs_cfg[key], key
+
+
+# ===== what PEFT cannot represent: one line, nothing written =====
+
+@pytest.mark.parametrize("spec,message", [
+    (specs.idpg_prompt(length=4, bottleneck=8),
+     "PEFT cannot represent IDPG: its prompt is generated from each input"),
+    (specs.ipt_prompt(length=4), "PEFT cannot represent IPT: its prompt is generated from each"),
+    (specs.deep_prefix(length=4), "PEFT's prompt tuning cannot represent DeepPrefix's per-layer "
+                                  "key/value prefixes"),
+    (specs.deep_prefix(length=4, input_prompt=specs.prompt_tuning(length=4)),
+     "PEFT's prompt tuning cannot represent DeepPrefix's per-layer"),
+    (specs.prompt_tuning(length=8, placement="suffix"),
+     "PEFT prepends its virtual tokens to the input, this run places its prompt as 'suffix'"),
+], ids=["idpg", "ipt", "deep_prefix", "deep_prefix_with_prompt", "suffix"])
+def test_export_refuses_what_peft_cannot_represent_and_writes_nothing(hf_run, spec, message):
+  _, model_dir = hf_run
+  before = sorted(os.listdir(model_dir))
+  model = run_setup.ModelSpec(config=_CONFIG, prompt=spec, trainable_regex=spec.trainable_regex)
+  with pytest.raises(ConfigError) as e:
+    export.export("peft", model_dir, model=model, output=os.path.join(model_dir, "refused"))
+  assert str(e.value).startswith(message) and "\n" not in str(e.value)
+  assert sorted(os.listdir(model_dir)) == before
+
+
+def test_cli_refuses_a_suffix_prompt_in_one_line(hf_run):
+  _, model_dir = hf_run
+  out_dir = os.path.join(model_dir, "suffix_adapter")
+  code, out, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{model_dir}'",
+                            "--gin.prompt_jax.prompt_tuning.placement='suffix'",
+                            f"--output={out_dir}"])
+  assert code == 2
+  assert err.count("\n") == 1 and err.startswith(
+      "prompt-jax export: error: PEFT prepends its virtual tokens"), err
+  assert not os.path.exists(out_dir)
+
+
+_CONFIG = get_config("t5_1_1_small", emb_dim=D_MODEL, num_heads=HEADS, head_dim=D_KV,
+                     mlp_dim=D_FF, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
+                     vocab_size=VOCAB)
