@@ -48,10 +48,15 @@ def run_t5x(binary: str, args: Sequence[str], timeout: float = 600,
   return proc
 
 
-def run_python(code: str, timeout: float = 600) -> subprocess.CompletedProcess:
-  """A python snippet with t5x on the path (for checks that import t5x)."""
-  require_t5x()
-  return subprocess.run([sys.executable, "-c", code], env=env(), stdout=subprocess.PIPE,
+def run_python(code: str, *args: str, timeout: float = 600,
+               with_t5x: bool = True) -> subprocess.CompletedProcess:
+  """A python snippet (with t5x on the path unless `with_t5x` is False)."""
+  if with_t5x:
+    require_t5x()
+  environ = env()
+  if not with_t5x:
+    environ["PYTHONPATH"] = str(REPO_ROOT)
+  return subprocess.run([sys.executable, "-c", code, *args], env=environ, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
