@@ -30,8 +30,12 @@ INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>.jsonl
 
 
 def checkpoint_params(path: str) -> Dict[str, np.ndarray]:
-  """{parameter path: array} of the trained parameters of a `checkpoints/<step>` dir."""
+  """{parameter path: array} of the trained parameters of a `checkpoints/<step>` dir (or of a
+  t5x `checkpoint_<step>` dir written by t5x.train)."""
   restored = ocp.StandardCheckpointer().restore(os.path.abspath(run_dir.state_dir(path)))
+  if "params" not in restored and "target" in restored:
+    # A t5x checkpoint (`python -m t5x.train` with gin/t5x/): the whole model is its `target`.
+    return trees.flatten(restored["target"])
   return trees.flatten(restored["params"])
 
 

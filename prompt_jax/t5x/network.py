@@ -1,0 +1,70 @@
+"""The Flax module t5x's `models.EncoderDecoderModel` calls: the frozen T5 plus a prompt method.
+
+prompt_jax's `models.T5` already has t5x's call signature (`__call__(encoder_input_tokens,
+decoder_input_tokens, decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+encoder_positions, decoder_positions, *, enable_dropout, decode, max_decode_length)`, `encode`,
+and `decode(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens, ...)`
+with a `cache` collection for t5x's beam search and temperature sampling) and t5x's parameter
+names (`token_embedder/embedding`, `encoder/layers_0/attention/query/kernel`, ...), so a
+pretrained t5x checkpoint restores into it and t5x checkpoints of it are read back by
+`prompt-jax eval`. The prompt method's parameters live under `encoder/prompt/...`,
+`encoder/layer_prompts/...` and `decoder/layer_prompts/...`, absent from the pretrained
+checkpoint (gin/t5x/models/*.gin restores them fresh). Instance-dependent methods (IDPG, IPT)
+read `encoder_input_tokens`, which t5x passes to `__call__`, `encode` and `decode` alike.
+
+gin (gin/t5x/models/prompt.gin):
+  models.EncoderDecoderModel.module = @prompt_jax.t5x.prompt_network()
+  prompt_jax.t5x.prompt_network.initial_checkpoint_path = %INITIAL_CHECKPOINT_PATH
+The method is prompt_jax's own gin (`prompt_jax.model_spec.prompt = @prompt_jax.dpt()`, from
+gin/prompts/<method>.gin), the backbone `prompt_jax.t5_config` (gin/models/<size>.gin).
+"""
+import functools
+import logging
+from typing import Any, Optional
+
+import numpy as np
+
+from prompt_jax import checkpoints
+from prompt_jax import run_setup
+from prompt_jax.checkpoints import t5x_legacy  # pylint: disable=unused-import
+from prompt_jax.errors import ConfigError
+from prompt_jax.models import T5
+
+
+@functools.lru_cache(maxsize=4)
+def _checked_embedding(path: str, config) -> np.ndarray:
+  """[V, H] float32 embedding table of the checkpoint at `path`, after checking that every
+  backbone parameter `config` implies is there with its shape (one ConfigError otherwise)."""
+  try:
+    fmt, ckpt_dir = checkpoints.resolve(path)
+    reader = checkpoints._READERS[fmt](ckpt_dir)  # pylint: disable=protected-access
+    checkpoints.tree_lib.validate(reader.shapes, config, ckpt_dir)
+    name = "token_embedder/embedding"
+    return np.asarray(reader.restore([name], np.dtype(np.float32))[name], np.float32)
+  except checkpoints.CheckpointError as e:
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} cannot be read: {e}") from e
+
+
+def prompt_network(spec: Optional[run_setup.ModelSpec] = None,
+                   initial_checkpoint_path: Optional[str] = None,
+                   vocabulary: Any = None, inputs_length: Optional[int] = None) -> T5:
+  """T5 with the method of `spec` (None: the gin-configured `prompt_jax.model_spec()`).
+
+  `initial_checkpoint_path`: the pretrained t5x checkpoint (INITIAL_CHECKPOINT_PATH): its
+  shapes are checked against the backbone config (another model size fails here, in one line)
+  and its embedding table feeds the initialisers that read it (sampled vocabulary, class
+  labels). `vocabulary` (VOCABULARY): for class-label initialisers and 'between:' placements.
+  `inputs_length`: the task's `inputs` length, checked against the method's needs.
+  """
+  spec = spec if spec is not None else run_setup.model_spec()
+  embedding = None
+  if initial_checkpoint_path:
+    embedding = _checked_embedding(str(initial_checkpoint_path), spec.config)
+  else:
+    logging.warning("prompt_network: no initial_checkpoint_path; initialisers that read the "
+                    "embedding table fall back to their shape-only form")
+  if spec.prompt is not None and inputs_length is not None:
+    spec.prompt.check_fits(int(inputs_length))
+  return run_setup.build_model(spec.config, spec.prompt, embedding, vocabulary)
