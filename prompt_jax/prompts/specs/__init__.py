@@ -15,6 +15,7 @@ from prompt_jax.prompts.specs.p_tuning import PTuningSpec, p_tuning
 from prompt_jax.prompts.specs.prefix import DeepPrefixSpec, deep_prefix
 from prompt_jax.prompts.specs.residual import ResidualSpec, residual_prompt
 from prompt_jax.prompts.specs.tuning import PromptTuningSpec, from_prompt_file, prompt_tuning
+from prompt_jax.prompts.specs.wayward import WaywardSpec, wayward_prompt
 
 # Older name of the M-IDPG spec (one IDPGSpec with multilayer=True now serves both).
 MultiLayerIDPGSpec = IDPGSpec
