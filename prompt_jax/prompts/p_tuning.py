@@ -55,8 +55,9 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     init = torch_uniform(x.shape[-1])
-    kernel = self.param("kernel", nn.with_logical_partitioning(init, ("prompt_mlp", "prompt_mlp")),
-                        (x.shape[-1], self.features))
+    kernel = self.param("kernel",
+                        nn.with_logical_partitioning(init, ("prompt_mlp_in", "prompt_mlp")),
+                        (x.shape[-1], self.features))  # [in, out]
     bias = self.param("bias", nn.with_logical_partitioning(init, ("prompt_mlp",)),
                       (self.features,))
     return x @ kernel + bias
@@ -74,7 +75,7 @@ class LSTMDirection(nn.Module):
   def __call__(self, x: Array) -> Array:
     m = self.hidden
     init = torch_uniform(m)
-    axes = ("prompt_mlp", "prompt_mlp")
+    axes = ("prompt_mlp_in", "prompt_mlp")  # [in, 4m]
     wi = self.param("wi", nn.with_logical_partitioning(init, axes), (x.shape[-1], 4 * m))
     wh = self.param("wh", nn.with_logical_partitioning(init, axes), (m, 4 * m))
     bi = self.param("bi", nn.with_logical_partitioning(init, ("prompt_mlp",)), (4 * m,))
