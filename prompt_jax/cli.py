@@ -1,5 +1,5 @@
 """`prompt-jax`: train | eval | ensemble-eval | infer | export | inspect | describe | tasks |
-bench | sweep | plan, with t5x's flags.
+bench | sweep | plan | recycle, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
@@ -10,6 +10,7 @@ bench | sweep | plan, with t5x's flags.
   prompt-jax inspect --gin.MODEL_DIR="'/tmp/m'"     (or --prompt=p.npy: neighbours, spectrum)
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512
+  prompt-jax recycle --prompt=p.npy --source=CKPT --target=CKPT --output_dir=/tmp/r  (no gin)
 
 Flags (as t5x's train.py): --gin_file (repeatable; later overrides earlier), --gin.NAME=VALUE,
 --gin_bindings (repeatable), --gin_search_paths (comma separated; the packaged gin dir is
@@ -49,7 +50,7 @@ from typing import List, Optional, Sequence, Tuple
 from prompt_jax.errors import ConfigError
 
 COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "describe", "tasks",
-            "bench", "sweep", "plan")
+            "bench", "sweep", "plan", "recycle")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
 RUN_COMMANDS = ("eval", "infer", "export", "inspect", "describe")
 # Packaged run files (wiring only) a command always needs.
@@ -545,6 +546,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
       return sweep.main([a for a in rest if a != "--verbose"], parse_gin=parse_gin,
                         check_required=check_required)
+    if command == "recycle":  # a prompt from one frozen model to another (no gin)
+      from prompt_jax.evaluation import recycle  # pylint: disable=g-import-not-at-top
+      try:
+        return recycle.main([a for a in rest if a != "--verbose"])
+      except Exception as e:  # pylint: disable=broad-except
+        return _error(command, e, verbose)
     try:
       return _gin_command(command, rest)
     except Exception as e:  # pylint: disable=broad-except

@@ -90,7 +90,7 @@ class ModelSpec:
 @gin.configurable(module="prompt_jax")
 def model_spec(config: Optional[T5Config] = None, prompt: Any = DEFAULT_PROMPT,
                trainable_regex: Optional[str] = None,
-               frozen_dtype: str = "float32") -> ModelSpec:
+               frozen_dtype: str = "float32", visibility: Any = None) -> ModelSpec:
   """`config` defaults to the gin-configured `t5_config()` (set by gin/models/*.gin).
 
   `prompt` defaults to the gin-configured `prompt_tuning()` (runs/defaults.gin binds it, so a
@@ -99,9 +99,17 @@ def model_spec(config: Optional[T5Config] = None, prompt: Any = DEFAULT_PROMPT,
   method files after run files, so a method file works whatever its position among the
   --gin_file flags.
   `trainable_regex` (TRAINABLE_REGEX) None: the prompt method's own regex.
+  `visibility` (gin/prompts/visibility.gin): the encoder's prompt/input attention visibility
+  (prompts/visibility.py names); None: the method's own (full visibility).
   """
   if prompt is DEFAULT_PROMPT:
     prompt = specs.prompt_tuning()
+  if visibility is not None:
+    if prompt is None or not prompt.input_positions:
+      raise ConfigError("attention visibility needs an input-level prompt; drop "
+                        "prompts/visibility.gin (or PROMPT_VISIBILITY) for this method")
+    prompt = dataclasses.replace(prompt, visibility=visibility)
+    prompt.check(None)
   if trainable_regex is None:
     trainable_regex = prompt.trainable_regex if prompt is not None else DEFAULT_TRAINABLE_REGEX
   return ModelSpec(config if config is not None else t5_config(), prompt, trainable_regex,

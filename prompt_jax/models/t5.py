@@ -5,7 +5,9 @@ The encoder has one seam for prompts and knows no prompt method by name:
     context=PromptContext) -> (embedded' [B, T', H], mask [B, T'])` that places prompt embeddings
     into the embedded input, plus `m.input_mask(input_tokens) -> [B, T']` (the same mask from the
     tokens alone: the decoder's cross-attention and the KV-cache decoder use it) and
-    `m.slots(input_tokens) -> [B, T']` (k + 1 at the k-th prompt position, 0 elsewhere);
+    `m.slots(input_tokens) -> [B, T']` (k + 1 at the k-th prompt position, 0 elsewhere) and
+    `m.attention_mask(input_tokens, valid, dtype) -> [B, 1, T', T']` or None (the encoder
+    self-attention mask of the run's prompt/input visibility; None: full visibility);
   * `layer_prompts`: a factory of a per-layer hook `h(LayerContext, deterministic)
     -> (x' [B, T', H], kv_prefix)` called before every encoder layer; `kv_prefix` is None or a pair
     of [B, P, heads, kv] keys/values prepended in that layer's self-attention.
@@ -219,7 +221,10 @@ class Encoder(nn.Module):
                          "set pack=False in the feature converter.")
       x, valid = self.prompt_module(encoder_input_tokens, x, deterministic=deterministic,
                                     context=inputs)
-      encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+      encoder_mask = self.prompt_module.attention_mask(encoder_input_tokens, valid,
+                                                       dtype=cfg.dtype)  # None: full visibility
+      if encoder_mask is None:
+        encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
       if self.layer_prompt_module is not None:
         slots = self.prompt_module.slots(encoder_input_tokens)  # [batch, T']
         method = self.prompt_module.prompt

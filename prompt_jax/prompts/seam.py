@@ -15,11 +15,13 @@ Placements here: prefix (default), after_bos, suffix (after the last real token,
 `Prompt` joins the two into the module the encoder calls (`T5(config, prompt=...)`).
 """
 import functools
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from prompt_jax.prompts import visibility as visibility_lib
 
 Array = jax.Array
 Placement = Callable[..., Tuple[Array, Array]]
@@ -166,10 +168,12 @@ class Prompt(nn.Module):
     method: a factory `method(name='prompt')` of the module producing prompt embeddings.
     length: P, the number of prompt positions the method produces.
     placement: where the prompt goes: a name in PLACEMENTS or a placement function.
+    visibility: the encoder's attention visibility (`visibility.parse`); None: full.
   """
   method: Callable[..., nn.Module]
   length: int
   placement: object = "prefix"
+  visibility: Optional[FrozenSet[str]] = None
 
   def setup(self):
     self.prompt = self.method(name="prompt")
@@ -191,6 +195,14 @@ class Prompt(nn.Module):
     dummy_embedded = jnp.zeros((batch, length, 1), jnp.float32)
     return get_placement(self.placement)(dummy_prompt, dummy_embedded, input_tokens,
                                          self.prompt.prompt_mask(input_tokens))[1]
+
+  def attention_mask(self, input_tokens: Array, valid: Array, dtype=jnp.float32
+                     ) -> Optional[Array]:
+    """[B, 1, T + P, T + P] encoder self-attention mask of the run's visibility (`valid` [B, T + P]
+    from the placement), or None for full visibility (the encoder's usual mask)."""
+    if self.visibility is None:
+      return None
+    return visibility_lib.attention_mask(self.slots(input_tokens), valid, self.visibility, dtype)
 
   def slots(self, input_tokens: Array) -> Array:
     """[B, T + P] int32: k + 1 at the k-th prompt position, 0 at input positions (from the
@@ -233,6 +245,7 @@ class Concat(Method):
 
 
 def prompt_factory(method: Callable[..., nn.Module], length: int,
-                   placement="prefix") -> Callable[..., nn.Module]:
+                   placement="prefix", visibility=None) -> Callable[..., nn.Module]:
   """What `T5(config, prompt=...)` takes: `prompt_factory(PromptTuning-factory, P)`."""
-  return functools.partial(Prompt, method=method, length=length, placement=placement)
+  return functools.partial(Prompt, method=method, length=length, placement=placement,
+                           visibility=visibility_lib.parse(visibility))

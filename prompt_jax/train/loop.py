@@ -173,7 +173,8 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   step_fn = jax.jit(
       guards.finite_guarded(state_lib.make_train_step(
-          run.model, tx, z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)),
+          run.model, tx, z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor,
+          auxiliary_loss=methods.auxiliary_loss(model.prompt, model.config, vocabulary))),
       in_shardings=(state_shardings, run.frozen_shardings, data_sharding, replicated,
                     replicated),
       out_shardings=(state_shardings, replicated, replicated), donate_argnums=(0,))

@@ -8,6 +8,8 @@
     shape, no recompilation), i.e. one extra encoder pass per example per run on a static task,
     none in later epochs. The loop adds it to the batch as `prompt_representation` [B, H], which
     the model uses instead of computing it.
+  * `auxiliary_loss`: a spec's extra training objective term `fn(params) -> scalar` (wayward
+    prompts' gamma * distance to the embedded discrete prompt), added inside the jitted step.
   * `summary_fn`: a spec's `summaries(trainable params) -> {name: scalar}` (e.g. the DPT rank
     probe's rank), jitted, evaluated on device at each stats period only and written with the
     train summaries.
@@ -100,3 +102,11 @@ def summary_fn(spec) -> Optional[Callable[[PyTree], Dict[str, float]]]:
     values = jax.device_get(fn(params))
     return {k: float(v) for k, v in values.items()}
   return host
+
+
+def auxiliary_loss(spec, config, vocabulary=None) -> Optional[Callable[[PyTree], Any]]:
+  """The spec's auxiliary loss `fn(params) -> scalar` for the train step, or None."""
+  if spec is None:
+    return None
+  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
+  return spec.auxiliary_loss(specs.Backbone(config, vocabulary=vocabulary))

@@ -4,7 +4,7 @@ The trainable parameters (TRAINABLE_REGEX, see trees.py), with their optimizer s
 step, form `TrainState`; frozen parameters are a separate tree passed to the step as an
 argument: they get no gradients, never enter the optimizer state and may be held in bfloat16.
 """
-from typing import Any, Callable, Dict, Mapping
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import flax
 import flax.linen as nn
@@ -51,20 +51,32 @@ def opt_state_shardings(opt_state_shapes: PyTree, params: PyTree, shardings: PyT
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
                     z_loss: float = 1e-4,
-                    loss_normalizing_factor=losses.NUM_REAL_TARGET_TOKENS) -> Callable:
-  """step(state, frozen, batch, dropout_rng) -> (state, metrics); not yet jitted."""
+                    loss_normalizing_factor=losses.NUM_REAL_TARGET_TOKENS,
+                    auxiliary_loss: Optional[Callable[[PyTree], Array]] = None) -> Callable:
+  """step(state, frozen, batch, dropout_rng) -> (state, metrics); not yet jitted.
+
+  `auxiliary_loss(params) -> []` (the method spec's, e.g. wayward prompts' gamma * distance; the
+  merged trainable + frozen tree): added to the optimised objective and reported as the metric
+  `auxiliary_loss`; `loss` stays the task loss.
+  """
 
   def step(state: TrainState, frozen: PyTree, batch: Mapping[str, Array], rng: Array):
     dropout_rng = jax.random.fold_in(rng, state.step)
 
     def loss_fn(trainable):
+      params = merge(trainable, frozen)
       logits = model.apply(
-          {"params": merge(trainable, frozen)}, batch["encoder_input_tokens"],
+          {"params": params}, batch["encoder_input_tokens"],
           batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=True,
           rngs={"dropout": dropout_rng},
           # [B, H] the frozen encoder's cached representation (IDPG), when the loop adds it
           prompt_representation=batch.get(PROMPT_REPRESENTATION))  # [B, S, V]
-      return losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)
+      loss, metrics = losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)
+      if auxiliary_loss is not None:
+        aux = auxiliary_loss(params)  # []
+        metrics["auxiliary_loss"] = aux
+        loss = loss + aux
+      return loss, metrics
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

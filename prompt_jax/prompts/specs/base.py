@@ -18,6 +18,9 @@ spec is all the rest of the code needs to know about a method:
   spec.summaries(trainable_params) -> {name: scalar}   computed on device at each stats period
                                 (e.g. the DPT rank probe's rank); {} by default
   spec.input_dependent          whether the prompt is generated from each input (IDPG, IPT)
+  spec.visibility               the encoder's prompt/input attention visibility (None: full)
+  spec.auxiliary_loss(backbone) None, or `fn(trainable, frozen) -> scalar` added to the train
+                                loss (wayward prompts' distance to a discrete prompt)
   spec.fold(params, config)     an input-independent method's trained parameters as plain arrays
                                 ('prompt' [P, H], 'prefix' / 'decoder_prefix' [2, L, P, D]):
                                 what `export`, prompt files and ensembles read
@@ -36,7 +39,7 @@ import numpy as np
 
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5Config
-from prompt_jax.prompts import initializers, seam
+from prompt_jax.prompts import initializers, seam, visibility
 
 PyTree = Any
 ModuleFactory = Callable[..., Any]
@@ -98,6 +101,9 @@ class MethodSpec:
   """The one spec base class (see the module docstring)."""
   length: int
   placement: Any = "prefix"
+  # The encoder's prompt/input attention visibility (prompts/visibility.py names, a list or a
+  # comma-separated string); None: full visibility. Set per run by `model_spec.visibility`.
+  visibility: Any = None
 
   # ----- what the trainer reads -----
 
@@ -145,6 +151,12 @@ class MethodSpec:
                         f"prompt to export (evaluate or infer with its MODEL_DIR instead)")
     raise ConfigError(f"{self.name} cannot be folded into plain prompt arrays")
 
+  def auxiliary_loss(self, backbone: "Backbone") -> Optional[Callable[[PyTree, PyTree], Any]]:
+    """None, or `fn(trainable params, frozen params) -> scalar` (nested trees) that the train
+    step adds to the task loss (e.g. wayward prompts' gamma * distance)."""
+    del backbone
+    return None
+
   def summaries(self, trainable_params: Mapping[str, Any]) -> Dict[str, Any]:
     """{name: scalar} of the trainable parameters (nested dict), computed on device."""
     del trainable_params
@@ -165,6 +177,7 @@ class MethodSpec:
   def check(self, config: Optional[T5Config]) -> None:
     """Raises one ConfigError for a bad configuration (config-dependent checks need config)."""
     check_length(self.length)
+    config_error(lambda: visibility.parse(self.visibility))
 
   def method(self, backbone: Backbone) -> Optional[ModuleFactory]:
     """The input-level method's factory (`factory(name=...)`), or None."""
@@ -183,7 +196,8 @@ class MethodSpec:
     if method is None:
       return None
     return seam.prompt_factory(method, self.input_positions,
-                               resolve_placement(self.placement, backbone.vocabulary))
+                               resolve_placement(self.placement, backbone.vocabulary),
+                               config_error(lambda: visibility.parse(self.visibility)))
 
   def model_kwargs(self, backbone: Backbone) -> Dict[str, Any]:
     """`T5(config, **spec.model_kwargs(backbone))`."""

@@ -1,0 +1,139 @@
+"""Prompt recycling (issue 16, acceptance 6 and the different-vocabularies bad input)."""
+import io
+import contextlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from prompt_jax import checkpoints
+from prompt_jax import cli
+from prompt_jax.models import T5, T5Config
+from prompt_jax.prompts import recycling
+from tests.prompts import helpers
+
+VOCAB = 96
+SOURCE = T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                  num_encoder_layers=1, num_decoder_layers=1, mlp_activations=("gelu", "linear"),
+                  logits_via_embedding=False, dropout_rate=0.0)
+TARGET = SOURCE.replace(emb_dim=24, num_heads=3)
+
+
+def _params(config, seed, embedding=None):
+  params = helpers.init(T5(config), seed=seed, enc=np.ones((1, 4), np.int32))
+  if embedding is not None:
+    params = dict(params, token_embedder={"embedding": embedding.astype(np.float32)})
+  return params
+
+
+def _cli(argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(["recycle", *argv])
+  return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  """Two small T5s sharing a vocabulary: the target's embedding table is source @ M."""
+  root = tmp_path_factory.mktemp("recycle")
+  rng = np.random.RandomState(0)
+  source = _params(SOURCE, 0)
+  table = np.asarray(source["token_embedder"]["embedding"], np.float64)  # [V, 16]
+  m = rng.randn(16, 24)  # the known linear map
+  mapped = _params(TARGET, 1, table @ m)
+  unrelated = _params(TARGET, 2)
+  paths = {name: checkpoints.save(str(root / name), p) for name, p in
+           (("source", source), ("mapped", mapped), ("unrelated", unrelated))}
+  other_vocab = _params(SOURCE.replace(vocab_size=VOCAB + 32), 3)
+  paths["other_vocab"] = checkpoints.save(str(root / "other_vocab"), other_vocab)
+  prompt = rng.randn(5, 16).astype(np.float32)
+  np.save(root / "prompt.npy", prompt)
+  return root, paths, table, m, prompt
+
+
+def test_vec2vec_linear_recovers_a_known_map(models):
+  """Acceptance 6: the target table is a known linear map of the source's, so vec2vec-linear
+  recovers it and the recycled prompt is the mapped prompt (1e-4), through `prompt-jax recycle`."""
+  root, paths, table, m, prompt = models
+  out_dir = root / "out_mapped"
+  code, out, err = _cli([f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+                         f"--target={paths['mapped']}", f"--output_dir={out_dir}",
+                         "--num_words=80", "--word_offset=10"])
+  assert code == 0, err
+  assert out.strip().splitlines()[-1].startswith("recycled prompts and fit errors in ")
+  report = json.loads((out_dir / "recycle.json").read_text())
+  assert report["rows"] == [10, 89]
+  recycled = np.load(out_dir / "vec2vec_linear.npy")
+  expected = prompt.astype(np.float64) @ m  # [5, 24]
+  assert recycled.shape == (5, 24) and recycled.dtype == np.float32
+  np.testing.assert_allclose(recycled, expected, atol=1e-4, rtol=0)
+  # The tables were saved as float32: the map holds to float32 rounding, so the fit is ~0.
+  assert report["vec2vec_linear"]["fit_error"] < 1e-9
+  for method in recycling.METHODS:
+    assert os.path.exists(report[method]["path"]) and report[method]["shape"] == [5, 24]
+    assert np.isfinite(report[method]["fit_error"])
+  # A linear combination of source rows mapped by M is the mapped prompt as well when the rows
+  # span the source space (80 rows >= 16 dims): the prompt is reconstructed exactly.
+  np.testing.assert_allclose(np.load(out_dir / "linear_combination.npy"), expected, atol=1e-4)
+  assert report["linear_combination"]["fit_error"] < 1e-9
+  # The MLP learns an approximation: its error is reported, far above the exact linear fit.
+  assert report["vec2vec_mlp"]["fit_error"] > report["vec2vec_linear"]["fit_error"]
+
+
+def test_unrelated_tables_run_and_report_the_fit_error(models):
+  root, paths, _, _, _ = models
+  out_dir = root / "out_unrelated"
+  code, out, err = _cli([f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+                         f"--target={paths['unrelated']}", f"--output_dir={out_dir}",
+                         "--num_words=80", "--word_offset=10",
+                         "--methods=vec2vec_linear,linear_combination"])
+  assert code == 0, err
+  report = json.loads((out_dir / "recycle.json").read_text())
+  assert report["vec2vec_linear"]["fit_error"] > 0.05  # no linear map between random tables
+  assert "vec2vec_linear" in out and "fit error" in out
+  assert not os.path.exists(out_dir / "vec2vec_mlp.npy")
+
+
+def test_different_vocabularies_are_refused_in_one_line(models):
+  root, paths, _, _, _ = models
+  out_dir = root / "out_bad"
+  code, _, err = _cli([f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+                       f"--target={paths['other_vocab']}", f"--output_dir={out_dir}",
+                       "--num_words=80", "--word_offset=10"])
+  assert code == 2
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, lines
+  assert lines[0] == ("prompt-jax recycle: error: the source model's vocabulary has 96 entries "
+                      "and the target's 128: recycling needs two models that share one "
+                      "vocabulary")
+  assert not os.path.exists(out_dir)  # nothing written
+
+
+def test_other_bad_inputs(models, tmp_path):
+  root, paths, _, _, _ = models
+  base = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--target={paths['mapped']}", f"--output_dir={tmp_path / 'o'}"]
+  code, _, err = _cli(base)  # the reference's 1000 + 4000 rows do not fit a 96-entry vocabulary
+  assert code == 2 and "exceeds the vocabulary's 96 entries" in err
+  code, _, err = _cli(base + ["--num_words=80", "--methods=vec2vec_cubic"])
+  assert code == 2 and "unknown recycler 'vec2vec_cubic'" in err
+  wide = tmp_path / "wide.npy"
+  np.save(wide, np.zeros((3, 7), np.float32))
+  code, _, err = _cli([f"--prompt={wide}"] + base[1:] + ["--num_words=80"])
+  assert code == 2 and "expected [P, 16]" in err
+  spm_a, spm_b = tmp_path / "a.model", tmp_path / "b.model"
+  spm_a.write_bytes(b"one"), spm_b.write_bytes(b"two")
+  code, _, err = _cli(base + ["--num_words=80", f"--source_vocabulary={spm_a}",
+                              f"--target_vocabulary={spm_b}"])
+  assert code == 2 and "differ: recycling needs two models that share one vocabulary" in err
+
+
+def test_recyclers_directly():
+  rng = np.random.RandomState(1)
+  s = rng.randn(50, 8)
+  with pytest.raises(ValueError, match="share one vocabulary"):
+    recycling.recycle(rng.randn(2, 8), s, rng.randn(49, 8), "vec2vec_linear", np.arange(40))
+  with pytest.raises(ValueError, match="exceeds"):
+    recycling.select_rows(50, 45, 10)
