@@ -226,6 +226,8 @@ def train(*, model_dir: str = gin.REQUIRED,
     evaluate(0)
   for step in range(start, total_steps):
     local = next(stream)
+    if model.prompt is not None:
+      model.prompt.check_batch(local)  # e.g. multi-task prompts: task_ids within NUM_TASKS
     if rep_cache is not None:
       local = rep_cache.add_to(local)
     batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)

@@ -18,6 +18,7 @@ from prompt_jax.trees import merge
 Array = jax.Array
 PyTree = Any
 PROMPT_REPRESENTATION = "prompt_representation"  # optional batch feature [B, H]
+TASK_IDS = "task_ids"  # optional batch feature [B]: the task of each row (multi-task mixtures)
 
 
 @flax.struct.dataclass
@@ -63,7 +64,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
           batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=True,
           rngs={"dropout": dropout_rng},
           # [B, H] the frozen encoder's cached representation (IDPG), when the loop adds it
-          prompt_representation=batch.get(PROMPT_REPRESENTATION))  # [B, S, V]
+          prompt_representation=batch.get(PROMPT_REPRESENTATION),
+          task_ids=batch.get(TASK_IDS))  # [B, S, V]
       return losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -82,7 +84,8 @@ def make_eval_step(model: nn.Module, *, z_loss: float = 1e-4,
   def eval_step(trainable: PyTree, frozen: PyTree, batch: Mapping[str, Array]):
     logits = model.apply(
         {"params": merge(trainable, frozen)}, batch["encoder_input_tokens"],
-        batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=False)
+        batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=False,
+        task_ids=batch.get(TASK_IDS))
     return losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)[1]
 
   return eval_step
