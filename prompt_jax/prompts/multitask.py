@@ -25,6 +25,7 @@ from prompt_jax.prompts import initializers
 from prompt_jax.prompts.seam import Method
 
 Array = jax.Array
+TASK_INDEX = "task_index"  # the task feature multi-task mixtures set (tasks/multitask.py)
 COMBINATIONS = ("add", "concat_length", "concat_features", "project")
 NO_TASK_IDS = ("this multi-task prompt needs the task of each example, but the batch has no "
                "`task_ids` feature; train on a mixture registered with "

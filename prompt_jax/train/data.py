@@ -32,6 +32,7 @@ import seqio
 import tensorflow as tf
 
 from prompt_jax.errors import ConfigError
+from prompt_jax.prompts import multitask as multitask_prompts
 
 
 @gin.configurable(module="prompt_jax")
@@ -154,7 +155,7 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                   "decoder_loss_weights")
-TASK_INDEX = "task_index"  # task feature: the index of an example's task in its mixture
+TASK_INDEX = multitask_prompts.TASK_INDEX  # task feature: an example's task in its mixture
 TASK_IDS = "task_ids"  # model feature [B] int32 (present only for multi-task mixtures)
 OPTIONAL_MODEL_FEATURES = (TASK_IDS,)
 

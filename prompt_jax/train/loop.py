@@ -139,6 +139,8 @@ def train(*, model_dir: str = gin.REQUIRED,
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
+  if model.prompt is not None:
+    model.prompt.check_features(set(task.output_features))  # e.g. a multi-task prompt's index
   vocabulary = task.output_features["targets"].vocabulary
   found = checkpointing.steps(model_dir)
   if found and found[0] > total_steps:

@@ -18,6 +18,8 @@ spec is all the rest of the code needs to know about a method:
   spec.summaries(trainable_params) -> {name: scalar}   computed on device at each stats period
                                 (e.g. the DPT rank probe's rank); {} by default
   spec.input_dependent          whether the prompt is generated from each input (IDPG, IPT)
+  spec.check_features(names)    one ConfigError if the task's features lack what the method reads
+                                (before anything is written); no-op
   spec.check_batch(batch)       one ConfigError if a host batch lacks what the method reads
                                 (multi-task methods: `task_ids` within [0, num_tasks)); no-op
   spec.fold(params, config)     an input-independent method's trained parameters as plain arrays
@@ -146,6 +148,10 @@ class MethodSpec:
       raise ConfigError(f"{self.name} generates its prompt from each input: there is no fixed "
                         f"prompt to export (evaluate or infer with its MODEL_DIR instead)")
     raise ConfigError(f"{self.name} cannot be folded into plain prompt arrays")
+
+  def check_features(self, names) -> None:
+    """One ConfigError if the task's output features (names) lack what the method reads."""
+    del names
 
   def check_batch(self, batch: Mapping[str, Any]) -> None:
     """One ConfigError if the host batch (numpy, before it goes to the devices) lacks what the

@@ -44,6 +44,10 @@ class MultiTaskSpec(base.MethodSpec):
   shared_features: Optional[int] = None
   init: Any = None  # shared prompt's initialiser spec; default uniform [0, 0.5)
 
+  def check_features(self, names):
+    if multitask.TASK_INDEX not in names:
+      raise ConfigError(multitask.NO_TASK_IDS)
+
   def check_batch(self, batch):
     check_task_ids(batch.get("task_ids"), self.num_tasks, batch.get("decoder_loss_weights"))
 
@@ -110,6 +114,10 @@ class MPTSpec(base.MethodSpec):
   @property
   def input_dependent(self) -> bool:
     return self.num_tasks > 1
+
+  def check_features(self, names):
+    if self.num_tasks > 1 and multitask.TASK_INDEX not in names:
+      raise ConfigError(multitask.NO_TASK_IDS)
 
   def check_batch(self, batch):
     if self.num_tasks > 1 or "task_ids" in batch:
