@@ -202,3 +202,21 @@ def _params_with_backbone(spec):
   embedding = np.asarray(frozen["token_embedder"]["embedding"])
   model = T5(CFG, **specs.model_kwargs(spec, CFG, embedding=embedding))
   return model, helpers.init_prompted(model)
+
+
+@pytest.mark.parametrize("name", ["add", "mpt"])
+def test_one_batch_serves_every_task(name):
+  """Decoding a batch that mixes tasks: each row's encoding is exactly that row's encoding in a
+  batch of its task alone (same program, rows independent), and the tasks' encodings differ."""
+  from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
+  spec, _, _ = COMBOS[name]
+  model, params = _params(spec)
+  enc, _, _ = helpers.batch()
+  mixed = np.asarray(decoding.encode(model, params, enc, TASK_IDS))
+  for task in (0, 1):
+    alone = np.asarray(decoding.encode(model, params, enc, jnp.full((4,), task)))
+    rows = np.asarray(TASK_IDS) == task
+    np.testing.assert_array_equal(mixed[rows], alone[rows])
+    assert not np.allclose(mixed[~rows], alone[~rows])
+  tokens = decoding.greedy_decode(model, params, enc, 3, task_ids=TASK_IDS)
+  assert tokens.shape == (4, 3)

@@ -3,6 +3,7 @@ two-task mixture trains every task's prompt; a run whose data has no task index,
 outside NUM_TASKS and concat-features sizes that do not add up to the model width each stop with
 one error line."""
 import concurrent.futures
+import json
 import os
 
 import numpy as np
@@ -34,6 +35,18 @@ def test_two_task_mixture_trains_each_tasks_prompt(tmp_path):
     assert np.abs(last[task] - first[task]).max() > 0, task
   shared = [_exported(model_dir, s, "shared_prompt") for s in (1, 3)]
   assert np.abs(shared[1] - shared[0]).max() > 0
+  # The multi-task checkpoint serves both tasks in one `infer` batch (rows of the mixture's
+  # validation split interleave the tasks; each row is decoded with its own task's prompt).
+  out = common.cli_subprocess(["infer", "--gin_file=runs/prompt_infer.gin",
+                               f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8"],
+                              timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:]
+  path = os.path.join(model_dir, "inference", "embedded_last_first-validation.jsonl")
+  with open(path) as f:
+    rows = [json.loads(line) for line in f]
+  assert len(rows) == 2 * 256 and {r["task"] for r in rows} == {0, 1}
+  first_batch = {r["task"] for r in rows[:8]}
+  assert first_batch == {0, 1}, first_batch
 
 
 BAD = {
