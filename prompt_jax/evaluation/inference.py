@@ -158,7 +158,7 @@ def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Eva
     data_lib.import_task_module(cfg.module)
     loggers = [seqio.TensorBoardLogger] if log_dir and jax.process_index() == 0 else []
     _EVALUATORS[key] = seqio.Evaluator(
-        cfg.mixture_or_task_name, seqio.EncDecFeatureConverter(pack=False),
+        cfg.mixture_or_task_name, data_lib.EncDecFeatureConverter(pack=False),
         eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
         sequence_length=dict(cfg.task_feature_lengths), logger_cls=loggers, log_dir=log_dir,
         async_compute_metrics=False)
@@ -184,13 +184,23 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
     indices = [i for i, _ in examples]
     inputs = np.stack([ex["encoder_input_tokens"] for _, ex in examples])
     task_name = evaluator.eval_tasks[0].name if len(evaluator.eval_tasks) == 1 else None
+    task_ids = None  # each example's task (a multi-task mixture's data)
+    if examples and data_lib.TASK_IDS in examples[0][1]:
+      task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])
+      # seqio evaluates a mixture one task at a time: the ids name the mixture's task copy
+      # (tasks/multitask.py `copy_name`), whose labels are its task's.
+      prefix = f"{cfg.mixture_or_task_name}__{int(task_ids[0])}_"
+      named = [t.name for t in evaluator.eval_tasks if t.name.startswith(prefix)]
+      if len(set(task_ids.tolist())) == 1 and len(named) == 1:
+        task_name = named[0]
     labels = None
     if rank_classification is not False and task_name:
       labels = label_set(task_name)
     vocabulary = evaluator.eval_tasks[0].output_features["targets"].vocabulary
     tokens = predict_tokens(run, inputs, batch_size=cfg.batch_size,
                             max_decode_length=max_decode_length, labels=labels,
-                            vocabulary=vocabulary, decoding_cfg=decoding_cfg, progress="eval")
+                            vocabulary=vocabulary, decoding_cfg=decoding_cfg, progress="eval",
+                            task_ids=task_ids)
     return list(zip(indices, tokens))
 
   all_metrics, _ = evaluator.evaluate(compute_metrics=jax.process_index() == 0, step=step,

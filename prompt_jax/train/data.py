@@ -15,7 +15,7 @@ tf.data iterator state, saved in every checkpoint (t5x's `save_dataset`, per dat
 of per process): a restart restores it in O(shuffle buffer), not O(steps) as `skip` would.
 
 Multi-task data: `prompt_jax.tasks.multitask.register_multitask_mixture(name, tasks)` registers
-a seqio mixture whose tasks set the scalar feature `task_index` (k for the k-th task); the
+a seqio mixture whose tasks set the feature `task_index` ([k] for the k-th task); the
 feature converter passes it on as the model feature `task_ids` [B], which the model hands to prompt methods
 (`PromptContext.task_ids`). Batches of other tasks have no `task_ids`.
 """
@@ -166,21 +166,26 @@ def model_features(features) -> Tuple[str, ...]:
 
 
 class EncDecFeatureConverter(seqio.EncDecFeatureConverter):
-  """seqio's converter; with `task_ids=True` it also passes a task's scalar `task_index` on as
-  the model feature `task_ids` (rank 0, so no length)."""
+  """seqio's converter; for a dataset whose examples carry a task's `task_index` ([1] or scalar,
+  a multi-task mixture's) it also passes it on as the model feature `task_ids` (rank 0)."""
 
-  def __init__(self, *args, task_ids: bool = False, **kwargs):
+  def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    self.task_ids = task_ids
-    if task_ids:
-      self.MODEL_FEATURES = {  # pylint: disable=invalid-name
-          **type(self).MODEL_FEATURES,
-          TASK_IDS: seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)}
+    self.task_ids = False
+
+  def __call__(self, ds: tf.data.Dataset, task_feature_lengths):
+    self.task_ids = TASK_INDEX in ds.element_spec
+    self.MODEL_FEATURES = dict(type(self).MODEL_FEATURES)  # pylint: disable=invalid-name
+    if self.task_ids:
+      self.MODEL_FEATURES[TASK_IDS] = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)
+    # seqio's Evaluator passes the lengths it measured, task_index's included: not a text feature.
+    lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_INDEX}
+    return super().__call__(ds, lengths)
 
   def _convert_example(self, features):
     out = dict(super()._convert_example(features))
     if self.task_ids:
-      out[TASK_IDS] = tf.cast(features[TASK_INDEX], tf.int32)
+      out[TASK_IDS] = tf.reshape(tf.cast(features[TASK_INDEX], tf.int32), [-1])[0]
     return out
 
   def get_model_feature_lengths(self, task_feature_lengths):
@@ -192,8 +197,7 @@ class EncDecFeatureConverter(seqio.EncDecFeatureConverter):
 
 def convert(ds: tf.data.Dataset, cfg: "DatasetConfig") -> tf.data.Dataset:
   """`ds` (task features) -> model features; `task_ids` when the tasks set `task_index`."""
-  converter = EncDecFeatureConverter(pack=cfg.pack, task_ids=TASK_INDEX in ds.element_spec)
-  return converter(ds, dict(cfg.task_feature_lengths))
+  return EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
 
 
 def numpy_batches(ds: tf.data.Dataset) -> Iterator[Mapping[str, np.ndarray]]:
