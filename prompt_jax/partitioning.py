@@ -39,6 +39,7 @@ PROMPT_RULES: LogicalRules = (
     ("prompt", None),
     ("prompt_embed", None),
     ("prompt_layers", None),
+    ("prompt_tasks", None),  # multi-task prompts' per-task tables
     ("prompt_rank", None),
     ("prompt_mlp", None),
     ("prompt_vocab", None),  # IPT's [V, H] table

@@ -64,50 +64,63 @@ def _gather(x) -> np.ndarray:
 
 
 def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
-             progress: Optional[str] = None) -> Iterator[Tuple[int, jax.Array]]:
-  """(rows in this batch, [batch_size, T] global array on the data axis) per batch of rows.
+             progress: Optional[str] = None, task_ids: Optional[np.ndarray] = None
+             ) -> Iterator[Tuple[int, jax.Array, Optional[jax.Array]]]:
+  """(rows in this batch, [batch_size, T] global array on the data axis, the rows' task ids
+  [batch_size] or None) per batch of rows.
   `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines."""
   sharding = partitioning.data_sharding(run.mesh)
   meter = summaries.Meter(progress, encoder_inputs.shape[0]) if progress else None
-  for begin in range(0, encoder_inputs.shape[0], batch_size):
-    chunk = encoder_inputs[begin:begin + batch_size]
+
+  def global_rows(x, begin):
+    chunk = x[begin:begin + batch_size]
     padded = np.zeros((batch_size,) + chunk.shape[1:], np.int32)
     padded[:chunk.shape[0]] = chunk
-    yield chunk.shape[0], jax.make_array_from_process_local_data(sharding, _local_rows(padded))
+    return chunk.shape[0], jax.make_array_from_process_local_data(sharding, _local_rows(padded))
+
+  for begin in range(0, encoder_inputs.shape[0], batch_size):
+    n, enc = global_rows(encoder_inputs, begin)
+    ids = None if task_ids is None else global_rows(np.asarray(task_ids), begin)[1]
+    yield n, enc, ids
     if meter is not None:
-      meter.update(begin + chunk.shape[0])
+      meter.update(begin + n)
 
 
 def label_scores(run, encoder_inputs: np.ndarray, label_ids: np.ndarray, *,
-                 batch_size: int, progress: Optional[str] = None) -> np.ndarray:
+                 batch_size: int, progress: Optional[str] = None,
+                 task_ids: Optional[np.ndarray] = None) -> np.ndarray:
   """[N, C] summed log-likelihood of each label [C, L] (from `label_tokens`) for every row of
   `encoder_inputs` [N, T]; the encoder runs once per row (same on all processes)."""
   params = trees.merge(run.trainable, run.frozen)
   out = []
   with partitioning.axis_rules(run.mesh):
-    for n, enc in _batches(run, encoder_inputs, batch_size, progress):
-      out.append(_gather(decoding.score_targets(run.model, params, enc, label_ids))[:n])
+    for n, enc, ids in _batches(run, encoder_inputs, batch_size, progress, task_ids):
+      out.append(_gather(decoding.score_targets(run.model, params, enc, label_ids,
+                                                task_ids=ids))[:n])
   return np.concatenate(out) if out else np.zeros((0, label_ids.shape[0]), np.float32)
 
 
 def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
-                decoding_cfg: Optional[DecodingConfig] = None, progress: Optional[str] = None
+                decoding_cfg: Optional[DecodingConfig] = None, progress: Optional[str] = None,
+                task_ids: Optional[np.ndarray] = None
                 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
   """Decoded tokens [N, max_decode_length] (EOS, then 0) of every row of `encoder_inputs`
-  [N, T], and for beam search the best beam's score [N] (None for greedy)."""
+  [N, T], and for beam search the best beam's score [N] (None for greedy). `task_ids` [N]:
+  each row's task (multi-task prompts)."""
   cfg = decoding_cfg or DecodingConfig()
   params = trees.merge(run.trainable, run.frozen)
   tokens, scores = [], []
   with partitioning.axis_rules(run.mesh):
-    for n, enc in _batches(run, encoder_inputs, batch_size, progress):
+    for n, enc, ids in _batches(run, encoder_inputs, batch_size, progress, task_ids):
       if cfg.method == "beam":
         beams, beam_scores = decoding.beam_decode(run.model, params, enc, max_decode_length,
-                                                  beam_size=cfg.beam_size, alpha=cfg.alpha)
+                                                  beam_size=cfg.beam_size, alpha=cfg.alpha,
+                                                  task_ids=ids)
         tokens.append(_gather(beams)[:n, 0])
         scores.append(_gather(beam_scores)[:n, 0])
       else:
         tokens.append(_gather(decoding.greedy_decode(run.model, params, enc,
-                                                     max_decode_length))[:n])
+                                                     max_decode_length, task_ids=ids))[:n])
   empty = np.zeros((0, max_decode_length), np.int32)
   return (np.concatenate(tokens) if tokens else empty,
           np.concatenate(scores) if scores else None)
@@ -121,18 +134,20 @@ def _until_eos(row) -> List[int]:
 def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
                    labels: Optional[Sequence[str]] = None, vocabulary=None,
                    decoding_cfg: Optional[DecodingConfig] = None,
-                   progress: Optional[str] = None) -> List[List[int]]:
+                   progress: Optional[str] = None,
+                   task_ids: Optional[np.ndarray] = None) -> List[List[int]]:
   """Predicted target tokens (without EOS) for every row of `encoder_inputs` [N, T]: the best
   label when `labels` are given (rank classification), else decoded by `decoding_cfg` (default
-  greedy). Same on all processes. `progress`: a label for progress lines on long work."""
+  greedy). Same on all processes. `progress`: a label for progress lines on long work.
+  `task_ids` [N]: each row's task (multi-task prompts), or None."""
   if labels:
     label_ids = label_tokens(labels, vocabulary)  # [C, L]
     best = np.argmax(label_scores(run, encoder_inputs, label_ids, batch_size=batch_size,
-                                  progress=progress), -1)
+                                  progress=progress, task_ids=task_ids), -1)
     return [_until_eos(label_ids[b]) for b in best]
   tokens, _ = decode_rows(run, encoder_inputs, batch_size=batch_size,
                           max_decode_length=max_decode_length, decoding_cfg=decoding_cfg,
-                          progress=progress)
+                          progress=progress, task_ids=task_ids)
   return [_until_eos(row) for row in tokens]
 
 
@@ -143,7 +158,7 @@ def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Eva
     data_lib.import_task_module(cfg.module)
     loggers = [seqio.TensorBoardLogger] if log_dir and jax.process_index() == 0 else []
     _EVALUATORS[key] = seqio.Evaluator(
-        cfg.mixture_or_task_name, seqio.EncDecFeatureConverter(pack=False),
+        cfg.mixture_or_task_name, data_lib.EncDecFeatureConverter(pack=False),
         eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
         sequence_length=dict(cfg.task_feature_lengths), logger_cls=loggers, log_dir=log_dir,
         async_compute_metrics=False)
@@ -169,13 +184,23 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
     indices = [i for i, _ in examples]
     inputs = np.stack([ex["encoder_input_tokens"] for _, ex in examples])
     task_name = evaluator.eval_tasks[0].name if len(evaluator.eval_tasks) == 1 else None
+    task_ids = None  # each example's task (a multi-task mixture's data)
+    if examples and data_lib.TASK_IDS in examples[0][1]:
+      task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])
+      # seqio evaluates a mixture one task at a time: the ids name the mixture's task copy
+      # (tasks/multitask.py `copy_name`), whose labels are its task's.
+      prefix = f"{cfg.mixture_or_task_name}__{int(task_ids[0])}_"
+      named = [t.name for t in evaluator.eval_tasks if t.name.startswith(prefix)]
+      if len(set(task_ids.tolist())) == 1 and len(named) == 1:
+        task_name = named[0]
     labels = None
     if rank_classification is not False and task_name:
       labels = label_set(task_name)
     vocabulary = evaluator.eval_tasks[0].output_features["targets"].vocabulary
     tokens = predict_tokens(run, inputs, batch_size=cfg.batch_size,
                             max_decode_length=max_decode_length, labels=labels,
-                            vocabulary=vocabulary, decoding_cfg=decoding_cfg, progress="eval")
+                            vocabulary=vocabulary, decoding_cfg=decoding_cfg, progress="eval",
+                            task_ids=task_ids)
     return list(zip(indices, tokens))
 
   all_metrics, _ = evaluator.evaluate(compute_metrics=jax.process_index() == 0, step=step,

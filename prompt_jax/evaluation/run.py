@@ -165,6 +165,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
   task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   vocabulary = task.output_features["targets"].vocabulary
   inputs_vocab = task.output_features["inputs"].vocabulary
+  task_ids = None  # each example's task, from a multi-task mixture's data
   if inputs:
     texts = list(inputs)
     tokens_in = encode_inputs(texts, inputs_vocab, dataset_cfg.task_feature_lengths["inputs"])
@@ -175,6 +176,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
                               drop_remainder=False).unbatch()
     examples = list(ds.as_numpy_iterator())
     tokens_in = np.stack([ex["encoder_input_tokens"] for ex in examples])
+    if examples and data_lib.TASK_IDS in examples[0]:
+      task_ids = np.stack([ex[data_lib.TASK_IDS] for ex in examples])  # [N]
     texts = [inputs_vocab.decode([int(t) for t in ex["encoder_input_tokens"] if t > 1])
              for ex in examples]
     targets = [vocabulary.decode([int(t) for t in ex["decoder_target_tokens"] if t > 1])
@@ -184,15 +187,17 @@ def infer(*, model_dir: str = gin.REQUIRED,
   tokens = inference.predict_tokens(run, tokens_in, batch_size=dataset_cfg.batch_size,
                                     max_decode_length=dataset_cfg.task_feature_lengths["targets"],
                                     labels=labels, vocabulary=vocabulary, progress="infer",
-                                    decoding_cfg=decoding_cfg)
+                                    decoding_cfg=decoding_cfg, task_ids=task_ids)
   predictions = [vocabulary.decode([int(t) for t in pred]) for pred in tokens]
   out = os.path.join(model_dir, INFERENCE_DIR, name)
   if jax.process_index() == 0:
     rows = []
-    for text, pred, target in zip(texts, predictions, targets):
+    for i, (text, pred, target) in enumerate(zip(texts, predictions, targets)):
       row = {"inputs": text, "prediction": pred}
       if target is not None:
         row["targets"] = target
+      if task_ids is not None:
+        row["task"] = int(task_ids[i])
       rows.append(json.dumps(row) + "\n")
     _write_text(out, "".join(rows))
     if inputs:

@@ -22,7 +22,7 @@ pruning of its own step would have dropped.
 """
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -69,10 +69,12 @@ def brevity_penalty(alpha: float, length, dtype=jnp.float32) -> Array:
 
 # ===== Building blocks =====
 
-def encode(model, params, encoder_input_tokens: Array) -> Array:
-  """[B, T] -> encoded [B, T', H] (T' includes prompt positions)."""
+def encode(model, params, encoder_input_tokens: Array,
+           task_ids: Optional[Array] = None) -> Array:
+  """[B, T] -> encoded [B, T', H] (T' includes prompt positions); `task_ids` [B]: each row's
+  task, for multi-task prompts."""
   return model.apply({"params": params}, encoder_input_tokens, enable_dropout=False,
-                     method=model.encode)
+                     task_ids=task_ids, method=model.encode)
 
 
 def init_cache(model, encoder_input_tokens: Array, max_decode_length: int) -> Cache:
@@ -137,9 +139,10 @@ def greedy_search(model, params, encoded: Array, encoder_input_tokens: Array,
 @functools.partial(jax.jit, static_argnames=("model", "max_decode_length", "eos_id",
                                              "decoder_start_token_id"))
 def greedy_decode(model, params, encoder_input_tokens: Array, max_decode_length: int,
-                  eos_id: int = 1, decoder_start_token_id: int = 0) -> Array:
+                  eos_id: int = 1, decoder_start_token_id: int = 0,
+                  task_ids: Optional[Array] = None) -> Array:
   """Greedy tokens [B, max_decode_length] (0 after EOS); the encoder runs once."""
-  encoded = encode(model, params, encoder_input_tokens)  # [B, T', H]
+  encoded = encode(model, params, encoder_input_tokens, task_ids)  # [B, T', H]
   return greedy_search(model, params, encoded, encoder_input_tokens, max_decode_length,
                        eos_id, decoder_start_token_id)
 
@@ -240,10 +243,11 @@ def beam_search(model, params, encoded: Array, encoder_input_tokens: Array,
                                              "decoder_start_token_id"))
 def beam_decode(model, params, encoder_input_tokens: Array, max_decode_length: int,
                 beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
-                decoder_start_token_id: int = 0) -> Tuple[Array, Array]:
+                decoder_start_token_id: int = 0,
+                task_ids: Optional[Array] = None) -> Tuple[Array, Array]:
   """`beam_search` from the encoder input tokens: (tokens [B, K, L], scores [B, K]), best
   first; the encoder runs once per example (alpha is traced: changing it does not recompile)."""
-  encoded = encode(model, params, encoder_input_tokens)  # [B, T', H]
+  encoded = encode(model, params, encoder_input_tokens, task_ids)  # [B, T', H]
   return beam_search(model, params, encoded, encoder_input_tokens, max_decode_length,
                      beam_size, alpha, eos_id, decoder_start_token_id)
 
@@ -273,8 +277,9 @@ def target_log_likelihoods(model, params, encoded: Array, encoder_input_tokens: 
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def score_targets(model, params, encoder_input_tokens: Array, targets: Array) -> Array:
+def score_targets(model, params, encoder_input_tokens: Array, targets: Array,
+                  task_ids: Optional[Array] = None) -> Array:
   """`target_log_likelihoods` from the encoder input tokens [B, T]: [B, C]; the encoder runs
   once per example, whatever C."""
-  encoded = encode(model, params, encoder_input_tokens)  # [B, T', H]
+  encoded = encode(model, params, encoder_input_tokens, task_ids)  # [B, T', H]
   return target_log_likelihoods(model, params, encoded, encoder_input_tokens, targets)

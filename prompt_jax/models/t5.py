@@ -23,6 +23,9 @@ layer index, its input hidden states and mask, where the input-level prompt sits
 input-level method module for hooks that share its parameters).
 `representation()` returns the batch feature `prompt_representation` [B, H] when the caller
 passes one (the trainer caches it per example), else runs the frozen encoder once per call.
+`task_ids` [B] (int32, optional): the task of each example of a multi-task batch (the data's
+`task_ids` feature), passed to `encode`/`__call__` and read by methods through
+`PromptContext.task_ids`; methods that keep no per-task parameters ignore it.
 """
 import dataclasses
 from typing import Callable, Optional
@@ -48,6 +51,9 @@ class PromptContext:
   # () -> [B, H] (float32 or wider): the frozen encoder's output on the raw input (no prompt, no
   # dropout, no gradient), pooled by `T5.representation_pooling`.
   representation: Callable[[], Array]
+  # [B] int32: the task of each example (a multi-task batch's `task_ids` feature), or None when
+  # the caller passes none; multi-task methods (one prompt per task) read it.
+  task_ids: Optional[Array] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +200,8 @@ class Encoder(nn.Module):
     return jax.lax.stop_gradient(pool(x, valid, self.representation_pooling))
 
   def context(self, encoder_input_tokens: Array, embedded: Array,
-              prompt_representation: Optional[Array] = None) -> PromptContext:
+              prompt_representation: Optional[Array] = None,
+              task_ids: Optional[Array] = None) -> PromptContext:
     """The raw-input context; `representation()` is computed at most once per call."""
     valid = encoder_input_tokens > 0
     memo = {}
@@ -205,14 +212,17 @@ class Encoder(nn.Module):
       if "r" not in memo:
         memo["r"] = self.frozen_representation(embedded, valid)
       return memo["r"]
-    return PromptContext(encoder_input_tokens, embedded, valid, representation)
+    if task_ids is not None:
+      task_ids = jnp.asarray(task_ids, jnp.int32).reshape(encoder_input_tokens.shape[:1])  # [B]
+    return PromptContext(encoder_input_tokens, embedded, valid, representation, task_ids)
 
   def __call__(self, encoder_input_tokens: Array, encoder_mask: Optional[Array] = None,
                deterministic: bool = True,
-               prompt_representation: Optional[Array] = None) -> Array:
+               prompt_representation: Optional[Array] = None,
+               task_ids: Optional[Array] = None) -> Array:
     cfg = self.config
     x = self.shared_embedding(encoder_input_tokens.astype("int32"))  # [batch, T, embed]
-    inputs = self.context(encoder_input_tokens, x, prompt_representation)
+    inputs = self.context(encoder_input_tokens, x, prompt_representation, task_ids)
     valid = inputs.input_valid
     slots, method = None, None
     if self.prompt_module is not None:
@@ -300,7 +310,8 @@ class T5(nn.Module):
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
              enable_dropout: bool = True,
-             prompt_representation: Optional[Array] = None) -> Array:
+             prompt_representation: Optional[Array] = None,
+             task_ids: Optional[Array] = None) -> Array:
     """[batch, T] -> encoded [batch, T', embed] (T' includes prompt positions).
 
     `prompt_representation` [batch, H]: a precomputed `encoder_representation` of these inputs
@@ -315,7 +326,7 @@ class T5(nn.Module):
           layers.make_attention_mask(encoder_segment_ids, encoder_segment_ids, jnp.equal,
                                      dtype=cfg.dtype), dtype=cfg.dtype)
     return self.encoder(encoder_input_tokens, encoder_mask, deterministic=not enable_dropout,
-                        prompt_representation=prompt_representation)
+                        prompt_representation=prompt_representation, task_ids=task_ids)
 
   def encoder_representation(self, encoder_input_tokens: Array) -> Array:
     """[batch, H]: the frozen encoder's pooled output on the raw input (what IDPG reads as M(x)),
@@ -367,11 +378,12 @@ class T5(nn.Module):
                encoder_positions: Optional[Array] = None,
                decoder_positions: Optional[Array] = None, *, enable_dropout: bool = True,
                decode: bool = False, max_decode_length: Optional[int] = None,
-               prompt_representation: Optional[Array] = None) -> Array:
+               prompt_representation: Optional[Array] = None,
+               task_ids: Optional[Array] = None) -> Array:
     """Teacher-forced logits [batch, target_len, vocab]."""
     del encoder_positions
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout,
-                          prompt_representation)
+                          prompt_representation, task_ids)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
                        decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
                        decoder_positions, enable_dropout=enable_dropout, decode=decode,

@@ -13,6 +13,11 @@ overlap the rows its devices hold (`process_rows`) and keeps those rows, so 1 pr
 and 2 processes x 2 devices train on the same rows in the same order. Each shard's position is its
 tf.data iterator state, saved in every checkpoint (t5x's `save_dataset`, per data shard instead
 of per process): a restart restores it in O(shuffle buffer), not O(steps) as `skip` would.
+
+Multi-task data: `prompt_jax.tasks.multitask.register_multitask_mixture(name, tasks)` registers
+a seqio mixture whose tasks set the feature `task_index` ([k] for the k-th task); the
+feature converter passes it on as the model feature `task_ids` [B], which the model hands to prompt methods
+(`PromptContext.task_ids`). Batches of other tasks have no `task_ids`.
 """
 import contextlib
 import dataclasses
@@ -27,6 +32,7 @@ import seqio
 import tensorflow as tf
 
 from prompt_jax.errors import ConfigError
+from prompt_jax.prompts import multitask as multitask_prompts
 
 
 @gin.configurable(module="prompt_jax")
@@ -140,8 +146,7 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
         sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
         use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
         shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
-    converter = seqio.EncDecFeatureConverter(pack=cfg.pack)
-    ds = converter(ds, dict(cfg.task_feature_lengths))
+    ds = convert(ds, cfg)
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=drop_remainder)
   if start_position:
     ds = ds.skip(start_position)  # deterministic resume: same seed, same order
@@ -150,11 +155,54 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
 
 MODEL_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
                   "decoder_loss_weights")
+TASK_INDEX = multitask_prompts.TASK_INDEX  # task feature: an example's task in its mixture
+TASK_IDS = "task_ids"  # model feature [B] int32 (present only for multi-task mixtures)
+OPTIONAL_MODEL_FEATURES = (TASK_IDS,)
+
+
+def model_features(features) -> Tuple[str, ...]:
+  """MODEL_FEATURES plus the optional ones present in `features` (names)."""
+  return MODEL_FEATURES + tuple(k for k in OPTIONAL_MODEL_FEATURES if k in features)
+
+
+class EncDecFeatureConverter(seqio.EncDecFeatureConverter):
+  """seqio's converter; for a dataset whose examples carry a task's `task_index` ([1] or scalar,
+  a multi-task mixture's) it also passes it on as the model feature `task_ids` (rank 0)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.task_ids = False
+
+  def __call__(self, ds: tf.data.Dataset, task_feature_lengths):
+    self.task_ids = TASK_INDEX in ds.element_spec
+    self.MODEL_FEATURES = dict(type(self).MODEL_FEATURES)  # pylint: disable=invalid-name
+    if self.task_ids:
+      self.MODEL_FEATURES[TASK_IDS] = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)
+    # seqio's Evaluator passes the lengths it measured, task_index's included: not a text feature.
+    lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_INDEX}
+    return super().__call__(ds, lengths)
+
+  def _convert_example(self, features):
+    out = dict(super()._convert_example(features))
+    if self.task_ids:
+      out[TASK_IDS] = tf.reshape(tf.cast(features[TASK_INDEX], tf.int32), [-1])[0]
+    return out
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
+    if self.task_ids:
+      lengths[TASK_IDS] = 1  # rank 0: seqio skips its length check
+    return lengths
+
+
+def convert(ds: tf.data.Dataset, cfg: "DatasetConfig") -> tf.data.Dataset:
+  """`ds` (task features) -> model features; `task_ids` when the tasks set `task_index`."""
+  return EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
 
 
 def numpy_batches(ds: tf.data.Dataset) -> Iterator[Mapping[str, np.ndarray]]:
   for batch in ds.as_numpy_iterator():
-    yield {k: v for k, v in batch.items() if k in MODEL_FEATURES}
+    yield {k: v for k, v in batch.items() if k in model_features(batch)}
 
 
 # ===== Training: a topology-independent global stream =====
@@ -192,8 +240,8 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
         sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
         use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=None,
         shard_info=seqio.ShardInfo(index=shard, num_shards=num_shards), **kwargs)
-    ds = seqio.EncDecFeatureConverter(pack=cfg.pack)(ds, dict(cfg.task_feature_lengths))
-  ds = ds.map(lambda ex: {k: ex[k] for k in MODEL_FEATURES})
+    ds = convert(ds, cfg)
+  ds = ds.map(lambda ex: {k: ex[k] for k in model_features(ex)})
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
   if skip:
     ds = ds.skip(skip)  # only for checkpoints without iterator state: O(skip)
@@ -309,7 +357,7 @@ class TrainStream:
   def __next__(self) -> Dict[str, np.ndarray]:
     parts = [next(self.iterators[k]) for k in self.shards]
     batch = {name: np.concatenate([p[name].numpy() for p in parts])[
-        self._offset:self._offset + self._rows] for name in MODEL_FEATURES}
+        self._offset:self._offset + self._rows] for name in model_features(parts[0])}
     if self.buckets is not None:
       needs = batch_needs(batch)
       if jax.process_count() > 1:  # one global shape: the longest row over all processes

@@ -139,6 +139,8 @@ def train(*, model_dir: str = gin.REQUIRED,
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
+  if model.prompt is not None:
+    model.prompt.check_features(set(task.output_features))  # e.g. a multi-task prompt's index
   vocabulary = task.output_features["targets"].vocabulary
   found = checkpointing.steps(model_dir)
   if found and found[0] > total_steps:
@@ -227,6 +229,8 @@ def train(*, model_dir: str = gin.REQUIRED,
     evaluate(0)
   for step in range(start, total_steps):
     local = next(stream)
+    if model.prompt is not None:
+      model.prompt.check_batch(local)  # e.g. multi-task prompts: task_ids within NUM_TASKS
     if rep_cache is not None:
       local = rep_cache.add_to(local)
     batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)

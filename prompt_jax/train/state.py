@@ -18,6 +18,7 @@ from prompt_jax.trees import merge
 Array = jax.Array
 PyTree = Any
 PROMPT_REPRESENTATION = "prompt_representation"  # optional batch feature [B, H]
+TASK_IDS = "task_ids"  # optional batch feature [B]: the task of each row (multi-task mixtures)
 
 
 @flax.struct.dataclass
@@ -70,7 +71,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
           batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=True,
           rngs={"dropout": dropout_rng},
           # [B, H] the frozen encoder's cached representation (IDPG), when the loop adds it
-          prompt_representation=batch.get(PROMPT_REPRESENTATION))  # [B, S, V]
+          prompt_representation=batch.get(PROMPT_REPRESENTATION),
+          task_ids=batch.get(TASK_IDS))  # [B, S, V]
       loss, metrics = losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)
       if auxiliary_loss is not None:
         aux = auxiliary_loss(params)  # []
@@ -94,7 +96,8 @@ def make_eval_step(model: nn.Module, *, z_loss: float = 1e-4,
   def eval_step(trainable: PyTree, frozen: PyTree, batch: Mapping[str, Array]):
     logits = model.apply(
         {"params": merge(trainable, frozen)}, batch["encoder_input_tokens"],
-        batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=False)
+        batch["decoder_input_tokens"], batch["decoder_target_tokens"], enable_dropout=False,
+        task_ids=batch.get(TASK_IDS))
     return losses.compute_loss(logits, batch, z_loss, loss_normalizing_factor)[1]
 
   return eval_step

@@ -70,3 +70,25 @@ def test_method_file_alone_gives_the_papers_count_on_t5_1_1_large(capsys, files,
                                                                   expected):
   count, _ = _describe(capsys, ["models/t5_1_1_large.gin"] + files, bindings)
   assert count == expected
+
+
+# Issue 16, acceptance 1 (multi-task, MPT, per-layer): each gin file alone on T5 1.1 large prints
+# the count of its source's main setting, and equals the spec's formula under other bindings.
+@pytest.mark.parametrize("method,bindings,expected", [
+    ("multitask", [], 100 * 1024 + 8 * 100 * 1024),  # add: P·H + T·P·H = 921,600
+    ("mpt", [], 100 * 1024 + 6 * (100 + 1024)),  # rank 1: P·H + T·(P·r + r·H) = 109,144
+    ("per_layer", [], 24 * 10 * 1024),  # L·P·H = 245,760
+    ("multitask", ["MULTITASK_COMBINE='concat_length'", "MULTITASK_TASK_LENGTH=5"],
+     100 * 1024 + 8 * 5 * 1024),
+    ("multitask", ["MULTITASK_COMBINE='concat_features'", "MULTITASK_SHARED_FEATURES=1000"],
+     100 * 1000 + 8 * 100 * 24),
+    ("multitask", ["MULTITASK_COMBINE='project'", "MULTITASK_SHARED_FEATURES=16"],
+     100 * 16 + 8 * (16 * 1024 + 1024)),
+    ("mpt", ["NUM_TASKS=1", "MPT_RANK=4"], 100 * 1024 + 4 * (100 + 1024)),
+    ("per_layer", ["PER_LAYER_MODE='add'", "PROMPT_LENGTH=3"], 24 * 3 * 1024),
+])
+def test_multitask_mpt_per_layer_counts_on_t5_1_1_large(capsys, method, bindings, expected):
+  count, spec = _describe(capsys, ["models/t5_1_1_large.gin", f"prompts/{method}.gin"],
+                          bindings)
+  assert count == expected == spec.num_trainable_params(run_setup.t5_config(
+      preset="t5_1_1_large"))

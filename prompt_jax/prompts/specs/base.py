@@ -21,6 +21,10 @@ spec is all the rest of the code needs to know about a method:
   spec.visibility               the encoder's prompt/input attention visibility (None: full)
   spec.auxiliary_loss(backbone) None, or `fn(trainable, frozen) -> scalar` added to the train
                                 loss (wayward prompts' distance to a discrete prompt)
+  spec.check_features(names)    one ConfigError if the task's features lack what the method reads
+                                (before anything is written); no-op
+  spec.check_batch(batch)       one ConfigError if a host batch lacks what the method reads
+                                (multi-task methods: `task_ids` within [0, num_tasks)); no-op
   spec.fold(params, config)     an input-independent method's trained parameters as plain arrays
                                 ('prompt' [P, H], 'prefix' / 'decoder_prefix' [2, L, P, D]):
                                 what `export`, prompt files and ensembles read
@@ -156,6 +160,15 @@ class MethodSpec:
     step adds to the task loss (e.g. wayward prompts' gamma * distance)."""
     del backbone
     return None
+
+  def check_features(self, names) -> None:
+    """One ConfigError if the task's output features (names) lack what the method reads."""
+    del names
+
+  def check_batch(self, batch: Mapping[str, Any]) -> None:
+    """One ConfigError if the host batch (numpy, before it goes to the devices) lacks what the
+    method reads; most methods read only the tokens."""
+    del batch
 
   def summaries(self, trainable_params: Mapping[str, Any]) -> Dict[str, Any]:
     """{name: scalar} of the trainable parameters (nested dict), computed on device."""
