@@ -36,6 +36,12 @@ TEST_REQUIRES = [
     "peft>=0.21",          # export --format=peft round trip (tests/evaluation/test_peft_export.py)
 ]
 
+# What t5x needs beyond prompt_jax's own requirements, for `python -m t5x.train` with
+# gin/t5x/ (t5x itself is not on PyPI: install it from its repository, README "Under t5x").
+T5X_REQUIRES = ["fiddle", "jaxtyping", "chex", "cached_property"]
+# The tests run t5x's binaries when its sources are beside the repository (../shared/t5x).
+TEST_REQUIRES += T5X_REQUIRES
+
 setuptools.setup(
     name="prompt_jax",
     version="0.1.0",
@@ -59,6 +65,6 @@ setuptools.setup(
     },
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "t5x": T5X_REQUIRES},
     entry_points={"console_scripts": ["prompt-jax=prompt_jax.cli:main"]},
 )

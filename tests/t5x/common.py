@@ -22,6 +22,11 @@ EMBEDDED_STEP = 2000
 def require_t5x() -> None:
   if not (T5X_DIR / "src" / "t5x" / "train.py").is_file():
     pytest.skip(f"t5x sources are absent at {T5X_DIR} (see ../shared/t5x/README.md)")
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  missing = [m for m in ("fiddle", "jaxtyping", "chex", "cached_property")
+             if importlib.util.find_spec(m) is None]
+  if missing:
+    pytest.skip(f"t5x needs {', '.join(missing)}: pip install -e '.[t5x]'")
 
 
 def env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
