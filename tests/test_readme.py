@@ -125,7 +125,7 @@ def test_next_commands_run_literally(journey):
         assert result.returncode == 0, f"{part}\n{result.stdout[-3000:]}"
         CHECKS[kind](model_dir, result.stdout, part)
       done.add(kind)
-  assert done == {"eval", "infer", "export", "describe", "tensorboard"}, done
+  assert done == {"eval", "infer", "export", "describe", "inspect", "tensorboard"}, done
 
 
 def _check_eval(model_dir, out, part):
@@ -165,8 +165,26 @@ def _check_describe(model_dir, out, part):
   assert "trainable parameters: 512" in out
 
 
+def _check_inspect(model_dir, out, part):
+  del part
+  stem = os.path.join(model_dir, "inspect", "prompt_step300_")
+  written = [stem + "spectrum.png", stem + "inspect.json", stem + "inspect.md"]
+  assert out.splitlines()[-1] == "wrote " + ", ".join(written), out
+  assert pathlib.Path(written[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  report = json.loads(pathlib.Path(written[1]).read_text())
+  trained = np.load(os.path.join(model_dir, "numpy_checkpoints", "checkpoint_300",
+                                 "encoder.prompt.prompt.prompt.npy"))
+  # The singular values of the trained [8, 64] prompt itself. A backward-stable float32 SVD is
+  # within c * eps32 * s_max of the exact values (Weyl's bound), c a modest function of the
+  # dimensions: c = max(P, H) = 64 here; the float64 SVD stands for the exact values.
+  expected = np.linalg.svd(trained.astype(np.float64), compute_uv=False)
+  np.testing.assert_allclose(report["singular_values"], expected,
+                             rtol=0, atol=64 * np.finfo(np.float32).eps * expected[0])
+  assert report["shape"] == [8, 64] and len(report["neighbours"]) == 8
+
+
 CHECKS = {"eval": _check_eval, "infer": _check_infer, "export": _check_export,
-          "describe": _check_describe}
+          "describe": _check_describe, "inspect": _check_inspect}
 
 
 def _check_tensorboard(part, model_dir):
