@@ -154,7 +154,7 @@ CASES = [
     Case("missing_model_dir", lambda c: ["train", "--gin_file=runs/embedded_default.gin"],
          "missing required macro MODEL_DIR", model_dir="fresh"),
     Case("unknown_task", lambda c: train(c, "--gin.MIXTURE_OR_TASK_NAME='embedded_last_leter'"),
-         "did you mean embedded_last_letter?"),
+         "did you mean embedded_last_letter"),
     Case("unknown_split", lambda c: train(c, "--gin.train/prompt_jax.DatasetConfig.split='dev'"),
          "has no split 'dev'"),
     Case("feature_lengths_missing_a_key",
