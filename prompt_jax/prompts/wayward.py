@@ -6,7 +6,8 @@
 the squared L2 distance between the learned [P, H] prompt and the frozen embeddings of a discrete
 prompt text, normalised by the prompt length as the reference's `squared_l2_distance`. The prompt
 module is `tuning.PromptTuning` (the same parameter, `encoder/prompt/prompt/prompt`).
-`nearest_tokens` lists a prompt's nearest vocabulary entries (cosine), to read what it became.
+`prompt-jax inspect` (evaluation/inspect.py `cosine_neighbours`) lists a prompt's nearest
+vocabulary entries, to read what it became.
 """
 from typing import Sequence
 
@@ -34,11 +35,3 @@ def regulariser(token_ids: Sequence[int], gamma: float):
     return gamma * squared_l2_distance(prompt, target)
   return fn
 
-
-def nearest_tokens(prompt: np.ndarray, table: np.ndarray, k: int = 5) -> np.ndarray:
-  """[P, k] ids of the k vocabulary rows nearest to each prompt position by cosine similarity."""
-  prompt = np.asarray(prompt, np.float64)
-  table = np.asarray(table, np.float64)
-  unit = lambda a: a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
-  sims = unit(prompt) @ unit(table).T  # [P, V]
-  return np.argsort(-sims, axis=-1, kind="stable")[:, :k]

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from prompt_jax.errors import ConfigError
+from prompt_jax.evaluation import inspect as inspect_lib
 from prompt_jax.models import T5
 from prompt_jax.prompts import seam, specs, wayward
 from prompt_jax.prompts.tuning import PromptTuning
@@ -87,10 +88,10 @@ def test_bad_inputs():
   assert spec.num_trainable_params(CFG) == P * CFG.emb_dim
 
 
-def test_nearest_tokens_cosine():
+def test_cosine_neighbours_read_the_prompt():
   table = np.eye(6, 4)[:, :4] + 0.01  # rows 0-3 near the axes, 4-5 tiny
   prompt = np.array([[0, 2.0, 0, 0], [0, 0, 0, -1.0]])
-  nn_ids = wayward.nearest_tokens(prompt, table, k=2)
+  nn_ids, _ = inspect_lib.cosine_neighbours(prompt, table, k=2)
   assert nn_ids[0, 0] == 1
 
 
@@ -120,8 +121,8 @@ def test_embedded_default_prompt_lands_on_the_discrete_words(tmp_path):
   assert len(ids) == 5
   steps = 40
   prompt = _train(str(tmp_path / "wayward"), 1.0, steps)
-  near = wayward.nearest_tokens(prompt, table, k=3)
+  near, _ = inspect_lib.cosine_neighbours(prompt, table, k=3)
   assert all(ids[p] in near[p] for p in range(5)), (near, ids)
   baseline = _train(str(tmp_path / "plain"), 0.0, steps)
-  near0 = wayward.nearest_tokens(baseline, table, k=3)
+  near0, _ = inspect_lib.cosine_neighbours(baseline, table, k=3)
   assert sum(ids[p] in near0[p] for p in range(5)) <= 1, (near0, ids)
