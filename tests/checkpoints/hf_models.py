@@ -54,6 +54,30 @@ def _build(root: pathlib.Path, gated: bool, seed: int) -> HFModel:
   return HFModel(dir=out, bin_dir=bin_dir, state=state, config=_config(gated))
 
 
+def random_hf_t5(*, vocab: int, d_model: int, gated: bool, seed: int, d_kv: int = 8,
+                 d_ff: int = 64, num_heads: int = 4, num_layers: int = 2,
+                 num_decoder_layers: int = 2):
+  """A random HF T5 in eval mode: T5 1.0 (relu, tied) or T5 1.1 (gated gelu, untied), norms
+  drawn from [0.5, 1.5) (HF initialises them to 1, which would hide a wrong mapping)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  config = transformers.T5Config(
+      vocab_size=vocab, d_model=d_model, d_kv=d_kv, d_ff=d_ff, num_layers=num_layers,
+      num_decoder_layers=num_decoder_layers, num_heads=num_heads,
+      feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=not gated,
+      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+  torch.manual_seed(seed)
+  model = transformers.T5ForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "layer_norm" in name:
+        p.uniform_(0.5, 1.5)
+  if gated:  # transformers 5 ties by default: untie with a fresh lm_head
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, d_model) * d_model**-0.5)
+  return model
+
+
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory) -> Dict[str, HFModel]:
   pytest.importorskip("torch")

@@ -26,6 +26,7 @@ from prompt_jax.evaluation import peft_export  # noqa: E402
 from prompt_jax.models import T5, get_config  # noqa: E402
 from prompt_jax.prompts import specs  # noqa: E402
 from tests import numerics  # noqa: E402
+from tests.checkpoints import hf_models  # noqa: E402
 from tests.train import common  # noqa: E402
 
 # The embedded default's model shape (gin/models/embedded_tiny.gin: T5 1.1, 64-d, 2+2 layers,
@@ -43,20 +44,9 @@ def run_cli(argv):
 
 def _hf_t5():
   """A random HF T5 1.1 (gated gelu, untied) of the embedded model's shape."""
-  config = transformers.T5Config(
-      vocab_size=VOCAB, d_model=D_MODEL, d_kv=D_KV, d_ff=D_FF, num_layers=LAYERS,
-      num_decoder_layers=LAYERS, num_heads=HEADS, feed_forward_proj="gated-gelu",
-      tie_word_embeddings=False, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
-      eos_token_id=1)
-  torch.manual_seed(7)
-  model = transformers.T5ForConditionalGeneration(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "layer_norm" in name:  # HF initialises norms to 1: make the mapping visible
-        p.uniform_(0.5, 1.5)
-  model.config.tie_word_embeddings = False  # transformers 5 ties by default: untie
-  model.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, D_MODEL) * D_MODEL**-0.5)
-  return model
+  return hf_models.random_hf_t5(vocab=VOCAB, d_model=D_MODEL, gated=True, seed=7, d_kv=D_KV,
+                                d_ff=D_FF, num_heads=HEADS, num_layers=LAYERS,
+                                num_decoder_layers=LAYERS)
 
 
 @pytest.fixture(scope="module")

@@ -15,27 +15,15 @@ from prompt_jax import checkpoints  # noqa: E402
 from prompt_jax.models import T5  # noqa: E402
 from prompt_jax.models.decoding import greedy_decode  # noqa: E402
 from tests import numerics  # noqa: E402
+from tests.checkpoints import hf_models  # noqa: E402
 
 VOCAB, D_MODEL = 160, 32
 
 
 def _hf_t5(gated: bool, seed: int):
   """A random T5 1.0 (relu, tied) or T5 1.1 (gated gelu, untied) in HF form."""
-  config = transformers.T5Config(
-      vocab_size=VOCAB, d_model=D_MODEL, d_kv=8, d_ff=64, num_layers=3, num_decoder_layers=2,
-      num_heads=4, feed_forward_proj="gated-gelu" if gated else "relu",
-      tie_word_embeddings=not gated, dropout_rate=0.0, decoder_start_token_id=0,
-      pad_token_id=0, eos_token_id=1)
-  torch.manual_seed(seed)
-  model = transformers.T5ForConditionalGeneration(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "layer_norm" in name:  # HF initialises norms to 1: make the mapping visible
-        p.uniform_(0.5, 1.5)
-  if gated:  # transformers 5 ties by default: untie with a fresh lm_head
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(torch.randn(VOCAB, D_MODEL) * D_MODEL**-0.5)
-  return model
+  return hf_models.random_hf_t5(vocab=VOCAB, d_model=D_MODEL, gated=gated, seed=seed,
+                                num_layers=3)
 
 
 def _batch(seed: int):

@@ -15,22 +15,13 @@ from prompt_jax import checkpoints  # noqa: E402
 from prompt_jax.models import T5  # noqa: E402
 from prompt_jax.prompts import mpt, specs  # noqa: E402
 from tests import numerics  # noqa: E402
+from tests.checkpoints import hf_models  # noqa: E402
 
 VOCAB, D_MODEL, P, TASKS, RANK = 120, 32, 5, 3, 2
 
 
 def _hf_t5(seed=0):
-  config = transformers.T5Config(
-      vocab_size=VOCAB, d_model=D_MODEL, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-      num_heads=4, feed_forward_proj="relu", dropout_rate=0.0, decoder_start_token_id=0,
-      pad_token_id=0, eos_token_id=1)
-  torch.manual_seed(seed)
-  model = transformers.T5ForConditionalGeneration(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "layer_norm" in name:  # HF initialises norms to 1: make the mapping visible
-        p.uniform_(0.5, 1.5)
-  return model
+  return hf_models.random_hf_t5(vocab=VOCAB, d_model=D_MODEL, gated=False, seed=seed)
 
 
 def _peft_mpt(hf):
