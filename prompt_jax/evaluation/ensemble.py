@@ -341,10 +341,6 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
   return {"scores" if labels is not None else "tokens": out}
 
 
-def _until_eos(row) -> List[int]:
-  return inference._until_eos(row)  # pylint: disable=protected-access
-
-
 # ===== ensemble-eval =====
 
 @dataclasses.dataclass
@@ -426,10 +422,11 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
     if labels:
       scores = out["scores"]  # [E, N, C]
       cache["scores"] = scores
-      per_prompt = [[_until_eos(label_ids[c]) for c in row] for row in np.argmax(scores, -1)]
-      cache[MEAN_LL] = [_until_eos(label_ids[c]) for c in mean_log_likelihood(scores)]
+      per_prompt = [[inference.until_eos(label_ids[c]) for c in row]
+                    for row in np.argmax(scores, -1)]
+      cache[MEAN_LL] = [inference.until_eos(label_ids[c]) for c in mean_log_likelihood(scores)]
     else:
-      per_prompt = [[_until_eos(r) for r in row] for row in out["tokens"]]
+      per_prompt = [[inference.until_eos(r) for r in row] for row in out["tokens"]]
     for i, name in enumerate(server.names):
       cache[name] = [row[i] for row in per_prompt]
     texts = [[vocabulary.decode(t) for t in row] for row in per_prompt]
@@ -541,9 +538,9 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
                 max_decode_length=lengths["targets"], decoding_cfg=decoding_cfg,
                 progress="infer")
     if labels:
-      preds = [_until_eos(label_ids[c]) for c in np.argmax(out["scores"][:, 0], -1)]
+      preds = [inference.until_eos(label_ids[c]) for c in np.argmax(out["scores"][:, 0], -1)]
     else:
-      preds = [_until_eos(r) for r in out["tokens"][:, 0]]
+      preds = [inference.until_eos(r) for r in out["tokens"][:, 0]]
     for text, pred, target, i in zip(texts, preds, targets, which):
       rows.append(json.dumps({"task": sub.name, "prompt": names[i], "inputs": text,
                               "prediction": vocabulary.decode(pred), "targets": target}) + "\n")

@@ -126,7 +126,8 @@ def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_
           np.concatenate(scores) if scores else None)
 
 
-def _until_eos(row) -> List[int]:
+def until_eos(row) -> List[int]:
+  """A decoded row (or label ids) up to its EOS, else its non-padding tokens."""
   row = [int(t) for t in row]
   return row[:row.index(EOS_ID)] if EOS_ID in row else [t for t in row if t]
 
@@ -144,11 +145,11 @@ def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_deco
     label_ids = label_tokens(labels, vocabulary)  # [C, L]
     best = np.argmax(label_scores(run, encoder_inputs, label_ids, batch_size=batch_size,
                                   progress=progress, task_ids=task_ids), -1)
-    return [_until_eos(label_ids[b]) for b in best]
+    return [until_eos(label_ids[b]) for b in best]
   tokens, _ = decode_rows(run, encoder_inputs, batch_size=batch_size,
                           max_decode_length=max_decode_length, decoding_cfg=decoding_cfg,
                           progress=progress, task_ids=task_ids)
-  return [_until_eos(row) for row in tokens]
+  return [until_eos(row) for row in tokens]
 
 
 def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Evaluator:
