@@ -58,11 +58,15 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
   return config, tree_lib.unflatten(flat)
 
 
-def load_array(path, name: str, dtype=None) -> np.ndarray:
+def load_array(path, name: str, dtype=None, config: Optional[T5Config] = None) -> np.ndarray:
   """One parameter of the checkpoint at `path` (e.g. 'token_embedder/embedding'), as a host
-  array, without reading the others (any format `load` reads; no config needed)."""
+  array, without reading the others (any format `load` reads). `config`: first check that every
+  backbone parameter it implies is there with its shape (CheckpointError naming the first
+  mismatch, as `load`)."""
   fmt, ckpt_dir = resolve(path)
   checkpoint = _READERS[fmt](ckpt_dir)
+  if config is not None:
+    tree_lib.validate(checkpoint.shapes, config, ckpt_dir)
   if name not in checkpoint.shapes:
     raise CheckpointError(f"{ckpt_dir} has no parameter {name}")
   dtype = np.dtype(jnp.dtype(np.float32 if dtype is None else dtype))

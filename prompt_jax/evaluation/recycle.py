@@ -53,13 +53,12 @@ def embedding_table(path: str, what: str) -> np.ndarray:
       raise ConfigError(f"--{what} {path} has shape {table.shape}; expected a [V, H] table")
     return table.astype(np.float32)
   from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  try:
-    _, params = checkpoints.load(path)
+  try:  # the table alone: the other weights of the checkpoint are never read
+    return checkpoints.load_array(path, "token_embedder/embedding", np.float32)
   except checkpoints.CheckpointError as e:
     raise ConfigError(f"--{what}: {e}") from e
   except (OSError, ValueError) as e:
     raise ConfigError(f"--{what} {path!r} cannot be read: {e}") from e
-  return np.asarray(params["token_embedder"]["embedding"], np.float32)
 
 
 def _check_vocabularies(source: Optional[str], target: Optional[str]) -> None:

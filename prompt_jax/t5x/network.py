@@ -36,11 +36,7 @@ def _checked_embedding(path: str, config) -> np.ndarray:
   """[V, H] float32 embedding table of the checkpoint at `path`, after checking that every
   backbone parameter `config` implies is there with its shape (one ConfigError otherwise)."""
   try:
-    fmt, ckpt_dir = checkpoints.resolve(path)
-    reader = checkpoints._READERS[fmt](ckpt_dir)  # pylint: disable=protected-access
-    checkpoints.tree_lib.validate(reader.shapes, config, ckpt_dir)
-    name = "token_embedder/embedding"
-    return np.asarray(reader.restore([name], np.dtype(np.float32))[name], np.float32)
+    return checkpoints.load_array(path, "token_embedder/embedding", np.float32, config=config)
   except checkpoints.CheckpointError as e:
     raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
   except (OSError, ValueError) as e:
