@@ -44,3 +44,52 @@ def test_single_device_mesh_and_rules():
   assert rules["batch"] == "data" and rules["mlp"] == "model" and rules["prompt"] is None
   with pytest.raises(ValueError, match="num_partitions=3 must divide"):
     partitioning.create_mesh(3, devices=[object()] * 8)
+
+
+BROADCAST_BATCH = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from prompt_jax import partitioning
+mesh = partitioning.create_mesh(2)  # 4 (data) x 2 (model)
+rng = np.random.default_rng(0)
+prompt = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)  # [P, H]
+# Cotangents of very different scales per row, so the summation order shows in the last bits.
+x = (rng.standard_normal((8, 3, 16)) * np.exp(4 * rng.standard_normal((8, 1, 1)))).astype(
+    np.float32)
+xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+loss = lambda b: lambda p, x: jnp.sum(b(p, (8, 3, 16)) * x)  # gradient wrt p: x summed over B
+with partitioning.axis_rules(mesh):
+  grad = jax.jit(jax.grad(loss(partitioning.broadcast_batch)))
+  ours = np.asarray(grad(prompt, xs))
+  compiled = grad.lower(prompt, xs).compile().as_text()
+  forward = np.asarray(jax.jit(partitioning.broadcast_batch, static_argnums=1)(prompt, (8, 3, 16)))
+  shards = partitioning.batch_shards()
+outside = partitioning.batch_shards()
+partial = x.reshape(4, 2, 3, 16).sum(1)  # each data shard's own rows
+in_shard_order = ((partial[0] + partial[1]) + partial[2]) + partial[3]
+print(json.dumps({
+    "exact": ours.tobytes() == in_shard_order.tobytes(),
+    "differs_from_one_sum": ours.tobytes() != x.sum(0).tobytes(),
+    "forward": forward.tobytes() == np.broadcast_to(np.asarray(prompt), (8, 3, 16)).tobytes(),
+    "all_gather": "all-gather" in compiled, "all_reduce": "all-reduce" in compiled,
+    "shards": [list(shards[0]), shards[1]], "outside": [list(outside[0]), outside[1]]}))
+"""
+
+
+def test_broadcast_batch_sums_the_gradient_in_shard_order(tmp_path):
+  """The gradient of a prompt broadcast over a data-parallel batch is each data shard's own sum,
+  added in shard order after an exact all-gather: the float32 operations are fixed by the number
+  of data shards alone, not by how devices are spread over processes (the multi-process
+  equality itself: tests/train/test_distributed.py)."""
+  proc = subprocess.run([sys.executable, "-c", BROADCAST_BATCH], capture_output=True, text=True,
+                        timeout=300, cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["exact"] and result["forward"]
+  # The data are chosen so that one sum over all 8 rows rounds differently: the check above
+  # tells the shard order from any other.
+  assert result["differs_from_one_sum"]
+  assert result["all_gather"] and not result["all_reduce"]
+  assert result["shards"] == [["data"], 4] and result["outside"] == [[], 1]

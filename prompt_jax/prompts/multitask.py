@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from prompt_jax import partitioning
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import initializers
 from prompt_jax.prompts.seam import Method
@@ -69,7 +70,7 @@ def num_trainable_params(combine: str, length: int, emb_dim: int, num_tasks: int
 def combine_prompts(combine: str, shared: Array, tasks: Array) -> Array:
   """shared [P, H_s], tasks [B, a, b] (each example's task parameters) -> [B, P', H]."""
   batch = tasks.shape[0]
-  shared_b = jnp.broadcast_to(shared, (batch,) + shared.shape)  # [B, P, H_s]
+  shared_b = partitioning.broadcast_batch(shared, (batch,) + shared.shape)  # [B, P, H_s]
   if combine == "add":
     return shared_b + tasks
   if combine == "concat_length":

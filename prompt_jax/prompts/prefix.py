@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax import partitioning
 from prompt_jax.models import t5 as t5_lib
 from prompt_jax.prompts import initializers
 
@@ -123,7 +124,7 @@ class DeepPrefix(nn.Module):
         keep = jax.random.bernoulli(jax.random.fold_in(rng, salt), 1 - self.dropout_rate, a.shape)
         a = jnp.where(keep, a / (1 - self.dropout_rate), 0)
       a = a.reshape(a.shape[:-1] + (self.num_heads, self.head_dim))
-      return jnp.broadcast_to(a, (batch,) + a.shape[-3:]).astype(x.dtype)  # [B, P, heads, kv]
+      return partitioning.broadcast_batch(a, (batch,) + a.shape[-3:]).astype(x.dtype)  # [B, P, heads, kv]
     return x, (per_layer(key, 0), per_layer(value, 1))
 
 

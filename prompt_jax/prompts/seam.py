@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from prompt_jax import partitioning
 from prompt_jax.prompts import visibility as visibility_lib
 
 Array = jax.Array
@@ -37,7 +38,8 @@ def insert(prompt: Array, embedded: Array, input_tokens: Array, start: Array,
   """
   batch, length = input_tokens.shape
   num_prompt = prompt.shape[-2]
-  prompt = jnp.broadcast_to(prompt, (batch, num_prompt, prompt.shape[-1])).astype(embedded.dtype)
+  prompt = partitioning.broadcast_batch(prompt, (batch, num_prompt, prompt.shape[-1])
+                                        ).astype(embedded.dtype)  # [B, P, H]
   if prompt_mask is None:
     prompt_mask = jnp.ones((batch, num_prompt), bool)
   start = jnp.clip(jnp.asarray(start, jnp.int32), 0, length)[:, None]  # [B, 1]
@@ -66,7 +68,7 @@ def num_real_tokens(input_tokens: Array) -> Array:
 def prefix(prompt, embedded, input_tokens, prompt_mask=None):
   """Prompt tokens before the input (Lester et al.'s default)."""
   batch = embedded.shape[0]
-  prompt = jnp.broadcast_to(prompt, (batch,) + prompt.shape[-2:]).astype(embedded.dtype)
+  prompt = partitioning.broadcast_batch(prompt, (batch,) + prompt.shape[-2:]).astype(embedded.dtype)
   if prompt_mask is None:
     prompt_mask = jnp.ones(prompt.shape[:2], bool)
   mask = jnp.concatenate([prompt_mask, input_tokens > 0], axis=1)  # [batch, P + T]
@@ -231,7 +233,7 @@ class Concat(Method):
     outs = []
     for part in self.parts:
       p = part(input_tokens, embedded, deterministic=deterministic, context=context)
-      outs.append(jnp.broadcast_to(p, (batch,) + p.shape[-2:]).astype(embedded.dtype))
+      outs.append(partitioning.broadcast_batch(p, (batch,) + p.shape[-2:]).astype(embedded.dtype))
     return jnp.concatenate(outs, axis=1)  # [B, sum P_i, H]
 
   def prompt_mask(self, input_tokens: Array) -> Optional[Array]:

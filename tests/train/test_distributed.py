@@ -95,20 +95,18 @@ def _run_processes(model_dir: str, steps: int, devices_each: int, *extra: str,
   return outputs
 
 
-def test_two_processes_match_one_process(reference, reference64, tmp_path):
+def test_two_processes_match_one_process(tmp_path):
+  """2 processes x 2 devices = 1 process x 4 devices, bit for bit: the same global batches row
+  for row (train/data.py: the layout does not depend on the topology), and the prompt's
+  gradient is summed over the batch in the same order on both (partitioning.broadcast_batch:
+  per-shard sums, all-gathered, added in shard order), not by the all-reduce, whose order differs
+  between XLA in one process and gloo across processes (test_gloo_all_reduce_sums_in_another_order)."""
   single = str(tmp_path / "single")
   proc = common.cli_subprocess(["train"] + common.flags(single, 3), devices=4)
   assert proc.returncode == 0, proc.stdout[-3000:]
   multi = str(tmp_path / "multi")
   outputs = _run_processes(multi, 3, 2)
-  # Both runs train on the same global batches, row for row (train/data.py: the layout does not
-  # depend on the topology; test_two_single_device_processes_match_bitwise checks that exactly).
-  # They are not bitwise equal for a reason outside our control: the gradient all-reduce over 4
-  # devices sums in rank order in one process but in ring order across processes (gloo), see
-  # test_gloo_all_reduce_sums_in_another_order. So both runs are bounded against the float64
-  # run as in assert_same_training.
-  assert_same_training(single, reference, reference64, 3, "1 process x 4 devices")
-  assert_same_training(multi, reference, reference64, 3, "2 processes x 2 devices")
+  assert common.prompt_at(multi, 3).tobytes() == common.prompt_at(single, 3).tobytes()
   assert "restored" not in outputs[0]
 
 
