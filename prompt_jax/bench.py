@@ -9,9 +9,17 @@ on identical shapes and random weights. Reported: seconds per step (median of th
 after warm-up/compilation), peak resident memory, and the ratios ours / reference.
 
   prompt-jax bench train_step --preset=t5_1_1_small --batch=8 --inputs=512 --targets=8
+
+`--xla_flags=...` runs our side under extra XLA flags; `--flag_sweep` runs it once per entry of
+CPU_FLAG_SETS (XLA CPU options worth knowing about) and prints each against the default;
+`--record=docs/benchmarks.md` appends what was printed, with the command line, machine and
+versions.
 """
 import argparse
+import datetime
 import json
+import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -34,10 +42,29 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--prompt_length", type=int, default=100)
   p.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
   p.add_argument("--reference", choices=["torch", "none"], default="torch")
+  p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
+  p.add_argument("--flag_sweep", action="store_true",
+                 help="run our side under each of CPU_FLAG_SETS and compare with the default")
+  p.add_argument("--record", default=None, metavar="PATH",
+                 help="append the results (with command line, machine, versions) to PATH")
   p.add_argument("--side", choices=["ours", "torch"], default=None, help=argparse.SUPPRESS)
   from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
   bench_ensemble.add_arguments(p)
   return p
+
+
+# XLA CPU options explored for the float32 step (issue 11); what each did is in
+# docs/benchmarks.md. fast math changes float results (reassociation, no NaN/Inf care): reported,
+# never a default.
+CPU_FLAG_SETS = (
+    ("default", ""),
+    ("oneDNN", "--xla_cpu_use_onednn=true"),
+    ("XNNPACK", "--xla_cpu_use_xnnpack=true"),
+    ("no multi-threaded Eigen", "--xla_cpu_multi_thread_eigen=false"),
+    ("legacy (non-thunk) runtime", "--xla_cpu_use_thunk_runtime=false"),
+    ("fast math", "--xla_cpu_enable_fast_math=true"),
+    ("vector width 512", "--xla_cpu_prefer_vector_width=512"),
+)
 
 
 def _config(args):
@@ -148,9 +175,12 @@ def _side(args) -> int:
   return 0
 
 
-def _run_side(side: str, argv: Sequence[str]) -> Dict[str, float]:
+def _run_side(side: str, argv: Sequence[str], xla_flags: str = "") -> Dict[str, float]:
+  env = dict(os.environ)
+  if xla_flags:
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
   proc = subprocess.run([sys.executable, "-m", "prompt_jax.bench", *argv, f"--side={side}"],
-                        capture_output=True, text=True, check=False)
+                        capture_output=True, text=True, check=False, env=env)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
   if proc.returncode or not lines:
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -176,21 +206,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
            f"{args.targets} targets, float32")
-  print(f"train_step: {shape}", flush=True)
+  lines = []
+
+  def say(line: str) -> None:
+    lines.append(line)
+    print(line, flush=True)
+
+  say(f"train_step: {shape}")
+  side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
   try:
-    ours = _run_side("ours", argv)
-    print(f"  prompt_jax (jit):   {ours['seconds_per_step']:.3f} s/step, "
-          f"peak RSS {ours['peak_rss_mb']:.0f} MB", flush=True)
+    ours = _run_side("ours", side_argv, args.xla_flags)
+    say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
+        f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB")
+    ref = None
     if args.reference == "torch":
-      ref = _run_side("torch", argv)
-      print(f"  HF torch (PEFT-style prompt tuning): {ref['seconds_per_step']:.3f} s/step, "
-            f"peak RSS {ref['peak_rss_mb']:.0f} MB")
-      print(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
-            f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+      ref = _run_side("torch", side_argv)
+      say(f"  HF torch (PEFT-style prompt tuning): {ref['seconds_per_step']:.3f} s/step, "
+          f"peak RSS {ref['peak_rss_mb']:.0f} MB")
+      say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
+          f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
   except RuntimeError as e:
     print(f"prompt-jax bench: error: {e}", file=sys.stderr)
     return 1
+  if args.flag_sweep:
+    say("  XLA flag sweep (our side; speed = default time / this time"
+        f"{', torch = torch time / this time' if ref else ''}):")
+    for name, flags in CPU_FLAG_SETS[1:]:
+      try:
+        r = _run_side("ours", side_argv, f"{args.xla_flags} {flags}".strip())
+      except RuntimeError as e:
+        say(f"    {name:28s} {flags}: not run ({str(e).split(': ', 1)[-1][:120]})")
+        continue
+      vs_torch = (f", torch {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
+                  if ref else "")
+      say(f"    {name:28s} {flags}: {r['seconds_per_step']:.3f} s/step, speed "
+          f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}x{vs_torch}, "
+          f"peak RSS {r['peak_rss_mb']:.0f} MB")
+  if args.record:
+    _record(args.record, argv, lines)
+    print(f"recorded in {args.record}")
   return 0
+
+
+def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
+  """Appends the run to a markdown file: command line, machine, versions, then the output."""
+  import jax  # pylint: disable=g-import-not-at-top
+  versions = [f"jax {jax.__version__}"]
+  for name in ("flax", "torch", "transformers"):
+    try:
+      versions.append(f"{name} {__import__(name).__version__}")
+    except ImportError:
+      pass
+  machine = (f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, "
+             f"{jax.devices()[0].platform}; {', '.join(versions)}")
+  when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  block = ["", f"### `prompt-jax bench {' '.join(argv)}`", "",
+           f"{when}; {machine}", "", "```", *lines, "```", ""]
+  with open(path, "a") as f:
+    f.write("\n".join(block))
 
 
 if __name__ == "__main__":
