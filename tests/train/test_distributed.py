@@ -192,8 +192,9 @@ def test_gloo_all_reduce_sums_in_another_order(tmp_path):
   """Why 2 x 2 is not bitwise 1 x 4: XLA's in-process all-reduce adds the 4 devices' partial
   sums in rank order ((p0 + p1) + p2) + p3; gloo's ring all-reduce across processes adds each
   quarter of the vector in another rotation of the ring, so float32 results differ in the last
-  bits. Should a later JAX make them equal, this test fails: then make
-  test_two_processes_match_one_process exact."""
+  bits. This is why partitioning.broadcast_batch sums a shared prompt's gradient itself (per
+  shard, all-gathered, in shard order) instead of leaving it to the all-reduce. Should a later
+  JAX make the two orders equal, this test fails: then the workaround can go."""
   single = str(tmp_path / "single.npy")
   proc = common.cli_subprocess(["1", "0", "0", single], devices=4, python_code=ALL_REDUCE)
   assert proc.returncode == 0, proc.stdout[-3000:]
