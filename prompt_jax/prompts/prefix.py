@@ -124,7 +124,8 @@ class DeepPrefix(nn.Module):
         keep = jax.random.bernoulli(jax.random.fold_in(rng, salt), 1 - self.dropout_rate, a.shape)
         a = jnp.where(keep, a / (1 - self.dropout_rate), 0)
       a = a.reshape(a.shape[:-1] + (self.num_heads, self.head_dim))
-      return partitioning.broadcast_batch(a, (batch,) + a.shape[-3:]).astype(x.dtype)  # [B, P, heads, kv]
+      a = partitioning.broadcast_batch(a, (batch,) + a.shape[-3:])  # [B, P, heads, kv]
+      return a.astype(x.dtype)
     return x, (per_layer(key, 0), per_layer(value, 1))
 
 

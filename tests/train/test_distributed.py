@@ -99,8 +99,9 @@ def test_two_processes_match_one_process(tmp_path):
   """2 processes x 2 devices = 1 process x 4 devices, bit for bit: the same global batches row
   for row (train/data.py: the layout does not depend on the topology), and the prompt's
   gradient is summed over the batch in the same order on both (partitioning.broadcast_batch:
-  per-shard sums, all-gathered, added in shard order), not by the all-reduce, whose order differs
-  between XLA in one process and gloo across processes (test_gloo_all_reduce_sums_in_another_order)."""
+  per-shard sums, all-gathered, added in shard order), not by the all-reduce, whose order
+  differs between XLA in one process and gloo across processes
+  (test_gloo_all_reduce_sums_in_another_order)."""
   single = str(tmp_path / "single")
   proc = common.cli_subprocess(["train"] + common.flags(single, 3), devices=4)
   assert proc.returncode == 0, proc.stdout[-3000:]
