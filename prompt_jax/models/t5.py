@@ -108,15 +108,15 @@ def _relpos(config: T5Config) -> layers.RelativePositionBiases:
 
 
 class EncoderLayer(nn.Module):
-  """`encoder_bias` [1, heads, T, T]: the stack's relative-position bias, computed once per stack
-  (not per layer, nor again in each layer's rematerialised backward pass)."""
   config: T5Config
+  relative_embedding: nn.Module
 
   @nn.compact
   def __call__(self, inputs: Array, encoder_mask: Optional[Array] = None,
-               kv_prefix: Optional[layers.KVPrefix] = None, deterministic: bool = True,
-               encoder_bias: Optional[Array] = None) -> Array:
+               kv_prefix: Optional[layers.KVPrefix] = None, deterministic: bool = True) -> Array:
     cfg = self.config
+    length = inputs.shape[-2]
+    encoder_bias = self.relative_embedding(length, length, True)  # [1, heads, T, T]
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_attention_layer_norm")(inputs)
     x = _attention(cfg, "attention")(x, x, encoder_mask, encoder_bias, kv_prefix=kv_prefix,
                                      deterministic=deterministic)  # [batch, length, embed]
@@ -128,17 +128,17 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """`decoder_bias` [1, heads, L, L]: the stack's relative-position bias (L: the decoded length,
-  or max_decode_length when decoding from the cache), computed once per stack."""
   config: T5Config
+  relative_embedding: nn.Module
 
   @nn.compact
   def __call__(self, inputs: Array, encoded: Array, decoder_mask: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None, deterministic: bool = True,
                decode: bool = False, max_decode_length: Optional[int] = None,
-               kv_prefix: Optional[layers.KVPrefix] = None,
-               decoder_bias: Optional[Array] = None) -> Array:
+               kv_prefix: Optional[layers.KVPrefix] = None) -> Array:
     cfg = self.config
+    length = max_decode_length if decode and max_decode_length else inputs.shape[-2]
+    decoder_bias = self.relative_embedding(length, length, False)  # [1, heads, L, L]
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(inputs)
     x = _attention(cfg, "self_attention")(x, x, decoder_mask, decoder_bias, kv_prefix=kv_prefix,
                                           decode=decode, deterministic=deterministic)
@@ -174,7 +174,7 @@ class Encoder(nn.Module):
     cfg = self.config
     self.relpos_bias = _relpos(cfg)
     layer_cls = _maybe_remat(EncoderLayer, cfg)
-    self.layers = [layer_cls(cfg, name=f"layers_{i}")
+    self.layers = [layer_cls(cfg, self.relpos_bias, name=f"layers_{i}")
                    for i in range(cfg.num_encoder_layers)]
     self.encoder_norm = layers.LayerNorm(dtype=cfg.dtype)
     self.dropout = _dropout(cfg)
@@ -194,10 +194,8 @@ class Encoder(nn.Module):
     cfg = self.config
     mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = embedded.astype(cfg.dtype)
-    length = x.shape[-2]
-    bias = self.relpos_bias(length, length, True)  # [1, heads, T, T]
     for layer in self.layers:
-      x = layer(x, mask, None, True, bias)  # [B, T, H]
+      x = layer(x, mask, None, True)  # [B, T, H]
     x = self.encoder_norm(x)
     return jax.lax.stop_gradient(pool(x, valid, self.representation_pooling))
 
@@ -244,15 +242,13 @@ class Encoder(nn.Module):
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = self.dropout(x, deterministic=deterministic)
     x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
-    length = x.shape[-2]
-    encoder_bias = self.relpos_bias(length, length, True)  # [1, heads, T', T'], once per stack
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:
         ctx = LayerContext(layer=i, x=x, valid=valid, prompt_slots=slots, inputs=inputs,
                            prompt_method=method)
         x, kv_prefix = self.layer_prompt_module(ctx, deterministic=deterministic)
-      x = layer(x, encoder_mask, kv_prefix, deterministic, encoder_bias)
+      x = layer(x, encoder_mask, kv_prefix, deterministic)
     x = self.encoder_norm(x)
     return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
 
@@ -273,16 +269,14 @@ class Decoder(nn.Module):
     y = _dropout(cfg)(y, deterministic=deterministic)
     y = layers.constrain(y.astype(cfg.dtype), ("batch", "length", "embed"))
     layer_cls = _maybe_remat(DecoderLayer, cfg)
-    length = max_decode_length if decode and max_decode_length else y.shape[-2]
-    decoder_bias = rel_emb(length, length, False)  # [1, heads, L, L], once per stack
     hook = self.layer_prompts(name="layer_prompts") if self.layer_prompts else None
     for i in range(cfg.num_decoder_layers):
       kv_prefix = None
       if hook is not None:
         y, kv_prefix = hook(LayerContext(layer=i, x=y), deterministic=deterministic)
-      y = layer_cls(cfg, name=f"layers_{i}")(
+      y = layer_cls(cfg, rel_emb, name=f"layers_{i}")(
           y, encoded, decoder_mask, encoder_decoder_mask, deterministic, decode,
-          max_decode_length, kv_prefix, decoder_bias)
+          max_decode_length, kv_prefix)
     y = layers.LayerNorm(dtype=cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:

@@ -4,7 +4,6 @@ import functools
 import flax
 import flax.linen as nn
 import jax
-import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -203,34 +202,3 @@ def test_bfloat16_activations_close_to_float32():
   valid = np.asarray(tgt > 0)
   numerics.assert_close(np.asarray(l16)[valid], np.asarray(l32)[valid], np.asarray(l64)[valid],
                         eps=numerics.EPS_BF16, what="bfloat16 logits")
-
-
-def _gathers_from(jaxpr, shape) -> int:
-  """Gathers (recursively, sub-jaxprs of remat/custom_vjp included) whose operand has `shape`."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "gather" and tuple(eqn.invars[0].aval.shape) == shape:
-      count += 1
-    for sub in jax_core.jaxprs_in_params(eqn.params):
-      count += _gathers_from(sub, shape)
-  return count
-
-
-@pytest.mark.parametrize("remat", ["none", "full"])
-def test_relative_position_bias_is_computed_once_per_stack(remat):
-  """The relative-position bias (a gather from the [heads, buckets] table) is computed once per
-  stack, not in every layer, nor again inside the rematerialised layers' backward pass: 3 + 3
-  layers give 2 gathers in the traced training gradient (6, or 12 with remat, when per layer)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  config = dataclasses.replace(TINY, num_encoder_layers=3, num_decoder_layers=3,
-                               remat_policy=remat)
-  model = T5(config)
-  params = _init(model)["params"]
-  enc, dec_in, tgt = _batch()
-
-  def loss(p):
-    return model.apply({"params": p}, enc, dec_in, tgt, enable_dropout=False).sum()
-
-  jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
-  table = (config.num_heads, config.relative_attention_num_buckets)
-  assert _gathers_from(jaxpr, table) == 2
