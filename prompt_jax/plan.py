@@ -24,6 +24,7 @@ GIB = 1024 ** 3
 
 
 def _parser() -> argparse.ArgumentParser:
+  from prompt_jax.models.config import REMAT_POLICY_NAMES  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(prog="prompt-jax plan", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--model", default="models/t5_1_1_base.gin",
@@ -35,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--prompt_length", type=int, default=100)
   p.add_argument("--dtype", default="bfloat16", help="activation dtype")
   p.add_argument("--frozen_dtype", default="bfloat16", help="dtype of the frozen weights")
-  p.add_argument("--remat", choices=["none", "full"], default="none", help="remat policy")
+  p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
+                 help="remat policy (T5Config.remat_policy)")
   p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
   p.add_argument("--budget_gib", type=float, default=None,
                  help="per-device memory to check against (prints fits / does not fit)")

@@ -5,6 +5,9 @@ from typing import Any, Tuple
 import jax.numpy as jnp
 
 
+REMAT_POLICY_NAMES = ("none", "minimal", "dots", "full")
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Config:
   """Hyper-parameters of a T5 encoder-decoder, named as in t5x's `examples/t5/network.py`."""
@@ -25,12 +28,21 @@ class T5Config:
   float32_attention_logits: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
-  # Remat policy for layers: 'none' or 'full' (recompute each layer in the backward pass).
+  # Remat policy for layers (models/t5.py REMAT_POLICIES, t5x scalable_t5's names): 'none' (save
+  # every activation the backward pass needs), 'minimal' (save the outputs of the projections,
+  # matmuls without batch dimensions; recompute attention scores, norms and activations),
+  # 'dots' (save every matmul output, attention scores included), 'full' (save only each layer's
+  # input and recompute the layer in the backward pass).
   remat_policy: str = "none"
   # Attention kernel (layers.dot_product_attention): 'auto' (cuDNN fused attention on GPU for
   # bfloat16/float16, jax.nn.dot_product_attention's XLA path elsewhere), 'cudnn', 'xla', or
   # 'einsum' (the plain reference formulation; always used with attention dropout).
   attention_implementation: str = "auto"
+
+  def __post_init__(self):
+    if self.remat_policy not in REMAT_POLICY_NAMES:
+      raise ValueError(f"remat_policy must be one of {', '.join(REMAT_POLICY_NAMES)}, "
+                       f"got {self.remat_policy!r}")
 
   def replace(self, **changes) -> "T5Config":
     return dataclasses.replace(self, **changes)

@@ -153,13 +153,21 @@ class DecoderLayer(nn.Module):
     return layers.constrain(z, ("batch", "length", "embed"))
 
 
+# What each rematerialised layer keeps from its forward pass for the backward pass (the rest is
+# recomputed); names as t5x's examples/scalable_t5 ('minimal') and jax.checkpoint_policies.
+REMAT_POLICIES = {
+    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,  # projections
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # + attention scores and context
+    "full": None,  # nothing but the layer's inputs (jax.checkpoint's default)
+}
+
+
 def _maybe_remat(cls, config: T5Config):
-  if config.remat_policy == "full":
-    # Argument numbers count `self` as 0: the flags that steer Python control flow are static.
-    return nn.remat(cls, static_argnums=(5, 6, 7) if cls is DecoderLayer else (4,))
-  if config.remat_policy != "none":
-    raise ValueError(f"remat_policy must be 'none' or 'full', got {config.remat_policy!r}")
-  return cls
+  if config.remat_policy == "none":
+    return cls
+  # Argument numbers count `self` as 0: the flags that steer Python control flow are static.
+  return nn.remat(cls, static_argnums=(5, 6, 7) if cls is DecoderLayer else (4,),
+                  policy=REMAT_POLICIES[config.remat_policy])
 
 
 class Encoder(nn.Module):

@@ -202,3 +202,41 @@ def test_bfloat16_activations_close_to_float32():
   valid = np.asarray(tgt > 0)
   numerics.assert_close(np.asarray(l16)[valid], np.asarray(l32)[valid], np.asarray(l64)[valid],
                         eps=numerics.EPS_BF16, what="bfloat16 logits")
+
+
+def _prompt_vjp(policy, params, prompt_factory_, dtype=jnp.float32):
+  """(bytes of the residuals the backward pass keeps, d sum(logits) / d prompt) under `policy`;
+  the frozen weights are constants (prompt tuning differentiates the prompt only)."""
+  model = T5(TINY.replace(remat_policy=policy, dtype=dtype), prompt=prompt_factory_)
+  params = numerics.cast(params, dtype)
+  frozen = {id(x) for x in jax.tree_util.tree_leaves(params)}
+  enc, dec_in, tgt = _batch()
+
+  def loss(prompt):
+    tree = dict(params, encoder=dict(params["encoder"], prompt=prompt))
+    return model.apply({"params": tree}, enc, dec_in, tgt, enable_dropout=False).sum()
+
+  out, vjp = jax.vjp(loss, params["encoder"]["prompt"])
+  # The vjp closes over the residuals (and the frozen weights, which are not residuals).
+  kept = sum(x.nbytes for x in jax.tree_util.tree_leaves(vjp) if id(x) not in frozen)
+  (grad,) = vjp(jnp.ones_like(out))
+  return kept, grad["prompt"]["prompt"]
+
+
+def test_remat_policies_keep_less_and_give_the_same_prompt_gradient():
+  """'none' > 'dots' > 'minimal' > 'full' in what the backward pass keeps (a policy that is not
+  wired would keep what 'none' keeps), and every policy gives the prompt gradient of 'none'.
+  Recomputation fuses differently: bound from float32's own error against float64
+  (tests/numerics.py)."""
+  prompt = prompt_factory(functools.partial(PromptTuning, length=2), length=2)
+  params = _init(T5(TINY, prompt=prompt))["params"]
+  kept = {}
+  ref32 = _prompt_vjp("none", params, prompt)[1]
+  with numerics.float64():
+    ref64 = _prompt_vjp("none", params, prompt, jnp.float64)[1]
+  for policy in ("none", "dots", "minimal", "full"):
+    kept[policy], grad = _prompt_vjp(policy, params, prompt)
+    numerics.assert_close(grad, ref32, ref64, what=f"remat {policy} prompt gradient")
+  assert kept["none"] > kept["dots"] > kept["minimal"] > kept["full"] > 0, kept
+  with pytest.raises(ValueError, match="remat_policy must be one of none, minimal, dots, full"):
+    TINY.replace(remat_policy="everything")
