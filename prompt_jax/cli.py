@@ -537,7 +537,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       return bench.main([a for a in rest if a != "--verbose"])
     if command == "plan":  # ahead-of-time compile on a (fake) mesh: per-device memory
       from prompt_jax import plan  # pylint: disable=g-import-not-at-top
-      return plan.main([a for a in rest if a != "--verbose"])
+      return plan.main([a for a in rest if a != "--verbose"], verbose=verbose)
     if command == "tasks":
       import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
       from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top

@@ -162,7 +162,7 @@ def _report(args, result: Dict[str, float]) -> None:
     print("  (from the XLA CPU compiler's buffer assignment on fake devices: an estimate)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = _parser().parse_args(argv)
   from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
@@ -178,7 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             f" --xla_force_host_platform_device_count={needed}").strip()
         print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
               f"{needed} fake CPU devices", flush=True)
-        return subprocess.run([sys.executable, "-m", "prompt_jax.plan", *argv], env=env,
+        # Through the CLI, so the child's imports are as quiet as this process's were.
+        child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
+        return subprocess.run(child + (["--verbose"] if verbose else []), env=env,
                               check=False).returncode
     _report(args, plan(args))
   except ConfigError as e:

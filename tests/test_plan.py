@@ -39,11 +39,14 @@ def test_plan_memory_follows_the_mesh():
 
 
 def test_plan_cli_runs_on_fake_devices_and_prints_memory():
+  # As a user's shell starts it: no TF_CPP_MIN_LOG_LEVEL of our own in the environment.
   proc = cli_subprocess(["plan", *TINY, "--mesh=2x2", "--budget_gib=1"], devices=1,
-                        timeout=600)
+                        timeout=600, env={"TF_CPP_MIN_LOG_LEVEL": None})
   assert proc.returncode == 0, proc.stdout[-3000:]
   out = proc.stdout
   assert "planning on 4 fake CPU devices" in out
+  # The re-run on fake devices is as quiet as the first process: no TensorFlow/absl lines.
+  assert "oneDNN" not in out and "absl::InitializeLog" not in out and "cuda" not in out, out
   assert re.search(r"per-device peak .*: [0-9.]+ (MiB|GiB) -> fits in 1 GiB", out), out[-2000:]
 
 

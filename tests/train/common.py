@@ -29,15 +29,16 @@ def prompt_at(model_dir: str, step: int) -> np.ndarray:
 
 
 def cli_subprocess(argv: Sequence[str], devices: int = 1, timeout: float = 240,
-                   env: Optional[Dict[str, str]] = None, wait: bool = True,
+                   env: Optional[Dict[str, Optional[str]]] = None, wait: bool = True,
                    python_code: Optional[str] = None):
   """Runs `python -m prompt_jax <argv>` (or `python -c python_code <argv>`) with `devices`
-  fake CPU devices."""
+  fake CPU devices; `env` adds to (a None value removes from) the environment."""
   full_env = dict(os.environ)
   full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   full_env["JAX_PLATFORMS"] = "cpu"
   full_env["TF_CPP_MIN_LOG_LEVEL"] = "3"
   full_env.update(env or {})
+  full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None}: unset
   cmd = ([sys.executable, "-c", python_code, *argv] if python_code
          else [sys.executable, "-m", "prompt_jax", *argv])
   if not wait:
