@@ -64,6 +64,8 @@ CPU_FLAG_SETS = (
     ("legacy (non-thunk) runtime", "--xla_cpu_use_thunk_runtime=false"),
     ("fast math", "--xla_cpu_enable_fast_math=true"),
     ("vector width 512", "--xla_cpu_prefer_vector_width=512"),
+    # XLA's default; prompt-jax sets the memory-minimising one (prompt_jax/xla_defaults.py).
+    ("concurrency-optimised scheduler", "--xla_cpu_enable_concurrency_optimized_scheduler=true"),
 )
 
 
@@ -178,7 +180,8 @@ def _side(args) -> int:
 def _run_side(side: str, argv: Sequence[str], xla_flags: str = "") -> Dict[str, float]:
   env = dict(os.environ)
   if xla_flags:
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+    env["XLA_FLAGS"] = xla_defaults.merge(env.get("XLA_FLAGS", ""), xla_flags)
   proc = subprocess.run([sys.executable, "-m", "prompt_jax.bench", *argv, f"--side={side}"],
                         capture_output=True, text=True, check=False, env=env)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("BENCH_RESULT ")]

@@ -517,6 +517,8 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+  xla_defaults.apply()  # before JAX starts its backend (prompt_jax/xla_defaults.py)
   if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
     from prompt_jax import layering  # pylint: disable=g-import-not-at-top
     return _fail("", f"unknown command {argv[0]!r}{layering.did_you_mean(argv[0], COMMANDS)} "

@@ -7,7 +7,11 @@ with abstract shapes only (nothing of the model is allocated), and its per-devic
 plan re-runs itself on D*M fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count),
 so a laptop can plan a pod: the shardings, the collectives and the buffer sizes are those of the
 run, but the figures come from the CPU compiler's buffer assignment (fusion and scheduling
-differ per backend): an estimate to within the backend's differences, not a guarantee.
+differ per backend): an estimate to within the backend's differences, not a guarantee. On the
+CPU the plan compiles with XLA's memory-minimising scheduler (prompt_jax/xla_defaults.py), as
+accelerators schedule: with XLA CPU's default, concurrency-optimised one, T5 1.1 base, batch
+32 x 612 on one device planned 39.7 GiB of temporaries (19.6 GiB with it; 'full' remat: 37.0
+vs 12.1 GiB; docs/benchmarks.md).
 Reported per device, from `compiled.memory_analysis()`: arguments (trainable state, frozen
 weights, batch), outputs, temporaries (activations, gradients) and their sum less aliased
 (donated) buffers.
@@ -171,13 +175,19 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
     needed = data * model_parallel
     if not os.environ.get(_FAKE_DEVICES_ENV):
       import jax  # pylint: disable=g-import-not-at-top
-      if jax.device_count() < needed:
-        # Fake CPU devices must be set before jax starts: plan again in a fresh process.
-        env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                            f" --xla_force_host_platform_device_count={needed}").strip()
-        print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
-              f"{needed} fake CPU devices", flush=True)
+      from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+      env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
+      with_defaults = xla_defaults.apply(env)  # the memory-minimising CPU scheduler
+      too_few = jax.device_count() < needed
+      if too_few or (jax.default_backend() == "cpu" and
+                     with_defaults != os.environ.get("XLA_FLAGS", "")):
+        # Fake CPU devices and XLA flags must be set before jax starts: plan again in a fresh
+        # process.
+        env["XLA_FLAGS"] = xla_defaults.merge(
+            with_defaults, f"--xla_force_host_platform_device_count={needed}")
+        if too_few:
+          print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning "
+                f"on {needed} fake CPU devices", flush=True)
         # Through the CLI, so the child's imports are as quiet as this process's were.
         child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
         return subprocess.run(child + (["--verbose"] if verbose else []), env=env,

@@ -54,3 +54,19 @@ def test_plan_refuses_a_bad_mesh():
   proc = cli_subprocess(["plan", *TINY, "--mesh=8by8"], devices=1, timeout=300)
   assert proc.returncode == 2
   assert "prompt-jax plan: error: --mesh='8by8'" in proc.stdout
+
+
+def _temp_mib(proc) -> float:
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  return float(re.search(r"temp ([0-9.]+) MiB", proc.stdout).group(1))
+
+
+def test_plan_schedules_for_memory_so_remat_shows():
+  """On the CPU, plan compiles with XLA's memory-minimising scheduler: with the default
+  (concurrency-optimised) one, recomputed activations stay alive and 'full' remat saved 0.5% of
+  the temporaries here (41.6 -> 41.4 MiB); with it, 42% (30.7 -> 17.7 MiB)."""
+  shapes = ["--model=models/embedded_tiny.gin", "--batch=32", "--inputs=64", "--targets=4",
+            "--prompt_length=8", "--mesh=1x1"]
+  none = _temp_mib(cli_subprocess(["plan", *shapes, "--remat=none"], devices=1, timeout=600))
+  full = _temp_mib(cli_subprocess(["plan", *shapes, "--remat=full"], devices=1, timeout=600))
+  assert full < 0.8 * none, (full, none)
