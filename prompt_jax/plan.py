@@ -168,6 +168,8 @@ def _report(args, result: Dict[str, float]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+  xla_defaults.apply()  # the memory-minimising CPU scheduler, before jax starts (as the CLI)
   args = _parser().parse_args(argv)
   from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   try:
@@ -175,19 +177,13 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
     needed = data * model_parallel
     if not os.environ.get(_FAKE_DEVICES_ENV):
       import jax  # pylint: disable=g-import-not-at-top
-      from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
-      env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
-      with_defaults = xla_defaults.apply(env)  # the memory-minimising CPU scheduler
-      too_few = jax.device_count() < needed
-      if too_few or (jax.default_backend() == "cpu" and
-                     with_defaults != os.environ.get("XLA_FLAGS", "")):
-        # Fake CPU devices and XLA flags must be set before jax starts: plan again in a fresh
-        # process.
+      if jax.device_count() < needed:
+        # Fake CPU devices must be set before jax starts: plan again in a fresh process.
+        env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
         env["XLA_FLAGS"] = xla_defaults.merge(
-            with_defaults, f"--xla_force_host_platform_device_count={needed}")
-        if too_few:
-          print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning "
-                f"on {needed} fake CPU devices", flush=True)
+            env["XLA_FLAGS"], f"--xla_force_host_platform_device_count={needed}")
+        print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
+              f"{needed} fake CPU devices", flush=True)
         # Through the CLI, so the child's imports are as quiet as this process's were.
         child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
         return subprocess.run(child + (["--verbose"] if verbose else []), env=env,
