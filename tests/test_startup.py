@@ -17,6 +17,7 @@ from prompt_jax import partitioning, run_setup, trees
 from prompt_jax.embedded import embedded_checkpoint_path
 from prompt_jax.models import get_config
 from prompt_jax.prompts import initializers, specs
+from tests.train.common import cli_subprocess
 
 LENGTHS = {"inputs": 16, "targets": 4}
 
@@ -175,15 +176,13 @@ def test_compilation_cache_is_used_across_processes(tmp_path):
 def test_compilation_cache_can_be_turned_off():
   """In a fresh process: in the suite's own process an earlier in-process command has already
   turned the cache on (this test used to skip itself there, so CI never ran it)."""
-  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
   code = ("import jax\nfrom prompt_jax import compile_cache\n"
           "print('RESULT', compile_cache.enable(), jax.config.jax_compilation_cache_dir)\n")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   results = {}
   for value in ("off", "0", ""):
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(env, PROMPT_JAX_COMPILATION_CACHE=value), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results[value] = proc.stdout.split("RESULT")[1].split()
+    proc = cli_subprocess([], python_code=code, timeout=300,
+                          env={"PROMPT_JAX_COMPILATION_CACHE": value,
+                               "JAX_COMPILATION_CACHE_DIR": None})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    results[value] = proc.stdout.split("RESULT")[1].splitlines()[0].split()
   assert all(r == ["None", "None"] for r in results.values()), results
