@@ -21,9 +21,11 @@ Combination (Lester et al. 2021, Section 7):
   mean log-likelihood   (label tasks) the label with the highest mean over the N prompts of its
                         summed log-likelihood; a tie goes to the first label of the label set
 Outputs: MODEL_DIR/ensemble/<task>.json and .md (each prompt's metrics, their mean and best, the
-ensemble's) and <task>-predictions.jsonl (each example's per-prompt and ensemble outputs).
+ensemble's) and <task>-predictions.jsonl (each example's per-prompt and ensemble outputs; for
+label tasks each prompt's summed log-likelihood of every label, to combine them other ways).
 Metrics are the task's own (seqio.Evaluator), computed on each prompt's predictions: a prompt's
-row equals `prompt-jax eval` of that prompt alone.
+row equals `prompt-jax eval` of that prompt alone up to float32 rounding (the batched program
+has other shapes, so an answer can differ only where two labels' scores are within rounding).
 """
 import collections
 import contextlib
@@ -281,7 +283,9 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
   targets = jnp.asarray(labels) if labels is not None else None
   width = 1 if prompt_of_row is not None else num
   examples = tokens.shape[0]
-  out = (np.zeros((examples, width, labels.shape[0]), np.float32) if labels is not None
+  # Scores keep the model's float type (float64 under jax x64: the tests' reference run).
+  score_dtype = np.promote_types(np.float32, jnp.dtype(server.bank_model.config.dtype))
+  out = (np.zeros((examples, width, labels.shape[0]), score_dtype) if labels is not None
          else np.zeros((examples, width, max_decode_length), np.int32))
   meter = summaries.Meter(progress, examples) if progress else None
   sharding = partitioning.data_sharding(run.mesh)
@@ -473,6 +477,9 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
              VOTE: vocabulary.decode(cache[VOTE][e])}
       if labels:
         row[MEAN_LL] = vocabulary.decode(cache[MEAN_LL][e])
+        row["label_log_likelihood"] = {
+            name: {l: float(s) for l, s in zip(labels, cache["scores"][e, i])}
+            for i, name in enumerate(server.names)}
         row["mean_label_log_likelihood"] = {
             l: float(s) for l, s in zip(labels, np.mean(cache["scores"][e], axis=0))}
       rows.append(json.dumps(row) + "\n")
