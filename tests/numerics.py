@@ -55,6 +55,14 @@ def cast(tree: Any, dtype) -> Any:
   return jax.tree_util.tree_map(leaf, tree)
 
 
+def in_float64(model, params):
+  """`model` computing in float64 and `params` cast to it (use inside `float64()`): where two
+  different programs (KV cache vs full recompute, greedy vs beam 1, one device vs a mesh) must
+  make the same argmax / top-k choices, they are compared in float64, where a near-tie flipped by
+  rounding needs a tie within ~1e-16 relative instead of float32's ~1e-7."""
+  return model.clone(config=model.config.replace(dtype=jnp.float64)), cast(params, np.float64)
+
+
 def _np(x) -> np.ndarray:
   return np.asarray(jax.device_get(x)).astype(np.float64)
 

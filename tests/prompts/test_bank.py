@@ -71,22 +71,26 @@ def test_ensemble_rows_equal_each_prompt_alone():
   entries = _entries()
   n = len(entries)
   row_prompt = np.tile(np.arange(n, dtype=np.int32), (TOKENS.shape[0], 1))  # [E, N]
-  greedy, scores, (beam_tokens, beam_scores) = _bank_rows(entries, row_prompt)
-  greedy = greedy.reshape(TOKENS.shape[0], n, -1)
+  _, scores, (_, beam_scores) = _bank_rows(entries, row_prompt)
   scores = scores.reshape(TOKENS.shape[0], n, -1)
-  beam_tokens = np.asarray(beam_tokens).reshape(TOKENS.shape[0], n, -1)
   beam_scores = np.asarray(beam_scores).reshape(TOKENS.shape[0], n)
+  # Greedy and beam tokens (argmax / top-k choices) compared in float64: the bank and the alone
+  # run are programs of different shapes, whose float32 rounding may flip a near-tie; in float64
+  # a flip needs a tie within ~1e-16 relative. The float32 scores are bounded below.
+  with numerics.float64():
+    greedy64, _, (beam64, _) = _bank_rows(entries, row_prompt, jnp.float64)
+  greedy64 = greedy64.reshape(TOKENS.shape[0], n, -1)
+  beam64 = np.asarray(beam64).reshape(TOKENS.shape[0], n, -1)
   lengths_seen = set()
   for i, entry in enumerate(entries):
-    want_greedy, want32, (want_beams, want_beam32) = _alone_rows(entry)
-    # Greedy and beam tokens: exact (the same argmax / top-k on the same scores up to rounding).
-    np.testing.assert_array_equal(greedy[:, i], want_greedy)
-    np.testing.assert_array_equal(beam_tokens[:, i], np.asarray(want_beams)[:, 0])
-    lengths_seen.update(int(r) for r in (want_greedy == 1).argmax(-1))
-    # Scores: the bank row differs from the alone run only in summation order (more masked
-    # positions), so its distance to the float64 alone run is bounded by numerics' derived bound.
+    _, want32, (_, want_beam32) = _alone_rows(entry)
     with numerics.float64():
-      _, want64, (_, want_beam64) = _alone_rows(entry, jnp.float64)
+      want_greedy, want64, (want_beams, want_beam64) = _alone_rows(entry, jnp.float64)
+      np.testing.assert_array_equal(greedy64[:, i], want_greedy)
+      np.testing.assert_array_equal(beam64[:, i], np.asarray(want_beams)[:, 0])
+      lengths_seen.update(int(r) for r in (want_greedy == 1).argmax(-1))
+      # Scores: the bank row differs from the alone run only in summation order (more masked
+      # positions), so its distance to the float64 alone run is bounded by numerics' bound.
       numerics.assert_close(scores[:, i], want32, want64, what=f"label scores of {entry.name}")
       numerics.assert_close(beam_scores[:, i], np.asarray(want_beam32)[:, 0],
                             np.asarray(want_beam64)[:, 0], what=f"beam scores of {entry.name}")
@@ -98,12 +102,14 @@ def test_mixed_batch_rows_equal_their_prompt_alone_whatever_the_neighbours():
   longest, and the outputs equal the prompt alone."""
   entries = _entries(seed=1)
   row_prompt = np.array([[1], [0], [2], [0]], np.int32)
-  greedy, scores, _ = _bank_rows(entries, row_prompt)
+  _, scores, _ = _bank_rows(entries, row_prompt)
+  with numerics.float64():  # tokens in float64: see test_ensemble_rows_equal_each_prompt_alone
+    greedy64 = _bank_rows(entries, row_prompt, jnp.float64)[0]
   for row, (i,) in enumerate(row_prompt):
-    want_greedy, want32, _ = _alone_rows(entries[i])
-    np.testing.assert_array_equal(greedy[row], want_greedy[row])
+    _, want32, _ = _alone_rows(entries[i])
     with numerics.float64():
-      _, want64, _ = _alone_rows(entries[i], jnp.float64)
+      want_greedy, want64, _ = _alone_rows(entries[i], jnp.float64)
+    np.testing.assert_array_equal(greedy64[row], want_greedy[row])
     numerics.assert_close(scores[row], want32[row], want64[row], what=f"row {row}")
 
 
@@ -113,8 +119,10 @@ def test_padding_is_inert_a_longer_neighbour_changes_nothing():
   entries = _entries(seed=2)[:1]
   longer = bank_lib.BankEntry("long", np.ones((12, TINY.emb_dim), np.float32) * 7.0)
   row_prompt = np.zeros((TOKENS.shape[0], 1), np.int32)
-  g1, s1, _ = _bank_rows(entries, row_prompt)
-  g2, s2, _ = _bank_rows(entries + [longer], row_prompt)
+  _, s2, _ = _bank_rows(entries + [longer], row_prompt)
+  with numerics.float64():  # tokens in float64: the two banks pad to 3 and 12 (other shapes)
+    g1 = _bank_rows(entries, row_prompt, jnp.float64)[0]
+    g2 = _bank_rows(entries + [longer], row_prompt, jnp.float64)[0]
   np.testing.assert_array_equal(g1, g2)
   want32, want64 = _alone_rows(entries[0])[1], None
   with numerics.float64():

@@ -143,12 +143,14 @@ def test_decoder_prefixes_train_and_decode_with_the_kv_cache():
   helpers.assert_masks_right(model, after)
   # KV-cache greedy decoding == re-running the teacher-forced model for every step.
   enc, _, _ = helpers.batch()
-  cached = np.asarray(greedy_decode(model, after, enc[:2], 4))
-  tokens = jnp.zeros((2, 5), jnp.int32)
-  for i in range(4):
-    out = helpers.logits(model, after, enc=enc[:2], dec_in=tokens, tgt=jnp.ones_like(tokens))
-    tokens = tokens.at[:, i + 1].set(jnp.argmax(out[:, i], axis=-1))
-  ref = np.asarray(tokens[:, 1:])
+  with numerics.float64():  # two programs' argmax choices: compared in float64 (numerics)
+    model, after = numerics.in_float64(model, after)
+    cached = np.asarray(greedy_decode(model, after, enc[:2], 4))
+    tokens = jnp.zeros((2, 5), jnp.int32)
+    for i in range(4):
+      out = helpers.logits(model, after, enc=enc[:2], dec_in=tokens, tgt=jnp.ones_like(tokens))
+      tokens = tokens.at[:, i + 1].set(jnp.argmax(out[:, i], axis=-1).astype(tokens.dtype))
+    ref = np.asarray(tokens[:, 1:])
   after_eos = np.cumsum(np.cumsum(ref == 1, axis=1), axis=1) > 1
   np.testing.assert_array_equal(cached, np.where(after_eos, 0, ref))
 
