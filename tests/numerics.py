@@ -143,3 +143,31 @@ def assert_same_choices(got, want, near_tie, *, what: str = "choices",
       f"{what}: {share:.1%} of choices are within float32 rounding of a tie; the bound "
       f"is too loose to check anything")
   return int(differ.sum())
+
+
+def greedy_near_ties(model, params, encoder_input_tokens, steps: int, *,
+                     factor: float = FACTOR) -> np.ndarray:
+  """[B] rows whose greedy decoding may differ between float32 programs (another decoding loop,
+  beam 1, another batch or device layout, t5x's decoder): the float64 greedy path has a step, up
+  to its EOS, whose top-2 logit margin is at most twice `bound` of the float32 teacher-forced
+  logits along that path (each float32 program is within that bound of float64; from the first
+  such step on, their paths may part)."""
+  from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
+  enc = jnp.asarray(encoder_input_tokens)
+
+  def logits(m, p, tokens):
+    """Teacher-forced logits [B, L, V] along `tokens` [B, L] (BOS = 0; every position valid)."""
+    dec_in = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+    return m.apply({"params": p}, enc, dec_in, jnp.ones_like(tokens), enable_dropout=False)
+
+  with float64():
+    m64, p64 = in_float64(model, params)
+    tokens = jnp.asarray(decoding.greedy_decode(m64, p64, enc, steps), jnp.int32)
+    ref64 = _np(logits(m64, p64, tokens))
+  ref32 = _np(logits(model, params, tokens))
+  toks = np.asarray(tokens)
+  eos = np.where((toks == 1).any(-1), np.argmax(toks == 1, axis=-1), steps - 1)
+  valid = np.arange(steps)[None, :] <= eos[:, None]  # [B, L] steps up to and including EOS
+  limit = bound(ref32[valid], ref64[valid], factor=factor)
+  top = np.sort(ref64, axis=-1)
+  return ((top[..., -1] - top[..., -2] <= 2 * limit) & valid).any(-1)

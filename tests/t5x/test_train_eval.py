@@ -5,7 +5,8 @@
    every frozen array of its checkpoint is bitwise the shipped checkpoint's; only the prompt has
    optimizer state.
 3. Both ways: the t5x checkpoint is evaluated / predicted by `prompt-jax eval / infer` with the
-   same metrics and predictions as `t5x.eval / t5x.infer` (greedy); a prompt trained by
+   same metrics and predictions as `t5x.eval / t5x.infer` (greedy), but for float32 near-ties
+   (tests/numerics.py; none on this checkpoint so far); a prompt trained by
    `prompt-jax train` and exported by `prompt-jax export` is evaluated by `t5x.eval` with the
    metrics `prompt-jax eval` reports.
 The comparisons use an early checkpoint (3 steps: accuracy inside (25%, 100%)), where a wrong
@@ -46,6 +47,40 @@ def early_checkpoint(tmp_path_factory):
   model_dir = str(tmp_path_factory.mktemp("t5x_early"))
   common.run_t5x("train", common.embedded_train_args(model_dir, EARLY - common.EMBEDDED_STEP))
   return os.path.join(model_dir, f"checkpoint_{EARLY}")
+
+
+@pytest.fixture(scope="module")
+def early_near_ties(early_checkpoint):
+  """{input text: bool}: validation examples whose answer may differ between t5x's greedy
+  decoding and prompt-jax's rank classification of the early checkpoint for float32 rounding
+  alone (tests/numerics.py): a greedy step or the best label within twice the derived float32
+  bound of a tie. Elsewhere the two must agree exactly (they agree because this checkpoint's
+  greedy answer is the best label; a wrong prompt, mask or decoder breaks that far from ties)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prompt_jax import cli, run_setup, trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  cli.parse_gin(["runs/embedded_default.gin"], [], [])
+  try:
+    spec = run_setup.model_spec()
+  finally:
+    gin.clear_config()
+  model = run_setup.build_model(spec.config, spec.prompt)
+  # A t5x checkpoint's `target` is the whole model: the frozen backbone and the prompt.
+  params = trees.unflatten(run_lib.checkpoint_params(early_checkpoint))
+  texts = sorted({text for text, _ in task.examples("validation")})
+  enc = jnp.asarray(run_lib.encode_inputs(texts, task.VOCABULARY, 16))
+  labels = inference.label_tokens(inference.label_set("embedded_last_letter"), task.VOCABULARY)
+  s32 = decoding.score_targets(model, params, enc, jnp.asarray(labels))
+  with numerics.float64():
+    m64, p64 = numerics.in_float64(model, params)
+    s64 = decoding.score_targets(m64, p64, enc, jnp.asarray(labels))
+  ties = numerics.near_ties(s32, s64) | numerics.greedy_near_ties(model, params, enc, 4)
+  return dict(zip(texts, ties.tolist()))
 
 
 def _gin_int(path, name):
@@ -110,15 +145,19 @@ def _prompt_jax_eval_accuracy(model_dir, *extra):
 
 
 def test_t5x_checkpoint_gives_the_same_metrics_under_t5x_eval_and_prompt_jax_eval(
-    early_checkpoint, tmp_path):
+    early_checkpoint, early_near_ties, tmp_path):
   checkpoint = early_checkpoint
   t5x_acc = _t5x_eval_accuracy(tmp_path, checkpoint)
   ours = _prompt_jax_eval_accuracy(str(tmp_path / "pj"), f"--gin.CHECKPOINT_PATH='{checkpoint}'")
   assert 25 < t5x_acc < 100  # an informative checkpoint (not chance, not saturated)
-  assert ours == pytest.approx(t5x_acc, abs=1e-9)
+  # Equal, but for examples within float32 rounding of a tie (each moves it by 100 / 256).
+  ties = sum(early_near_ties.values())
+  assert ties <= 0.05 * len(early_near_ties), ties
+  assert abs(ours - t5x_acc) <= 100 * ties / len(early_near_ties) + 1e-9, (ours, t5x_acc, ties)
 
 
-def test_t5x_infer_predictions_equal_prompt_jax_infer(early_checkpoint, tmp_path):
+def test_t5x_infer_predictions_equal_prompt_jax_infer(early_checkpoint, early_near_ties,
+                                                      tmp_path):
   checkpoint = early_checkpoint
   out = str(tmp_path / "t5x_infer")
   common.run_t5x("infer", ["--gin_file=t5x/models/embedded_tiny_prompt.gin",
@@ -136,7 +175,10 @@ def test_t5x_infer_predictions_equal_prompt_jax_infer(early_checkpoint, tmp_path
   t5x_pred = [r["prediction"] for r in t5x_rows]
   assert len(t5x_pred) == len(ours) == 256
   assert [r["inputs"]["inputs_pretokenized"] for r in t5x_rows] == [r["inputs"] for r in ours]
-  assert t5x_pred == [r["prediction"] for r in ours]
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  numerics.assert_same_choices(t5x_pred, [r["prediction"] for r in ours],
+                               [early_near_ties[r["inputs"]] for r in ours],
+                               what="t5x.infer vs prompt-jax infer")
   # Not all equal to the target: the early checkpoint still errs, so agreement is informative.
   assert any(r["prediction"] != r["targets"] for r in ours)
 

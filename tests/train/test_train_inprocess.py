@@ -218,7 +218,13 @@ def test_beam_and_rank_predictions_through_the_mesh(trained):
   greedy = inference.predict_tokens(run, inputs, **kw)
   beam1 = inference.predict_tokens(run, inputs, decoding_cfg=DecodingConfig("beam", 1, 0.0),
                                    **kw)
-  assert beam1 == greedy  # beam 1 with alpha 0 is greedy, row for row
+  # Beam 1 with alpha 0 is greedy, row for row, up to float32 near-ties (two programs).
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  ties = numerics.greedy_near_ties(run.model, trees.merge(run.trainable, run.frozen), inputs, 4)
+  numerics.assert_same_choices(np.array([str(b) for b in beam1]),
+                               np.array([str(g) for g in greedy]), ties,
+                               what="beam 1 vs greedy", max_near_tie_share=0.5)
   tokens, scores = inference.decode_rows(run, inputs, decoding_cfg=DecodingConfig("beam", 3),
                                          **kw)
   assert tokens.shape == (6, 4) and scores.shape == (6,)
