@@ -22,7 +22,10 @@ def test_defaults_are_added_and_never_override_the_user():
 
 def test_the_scheduler_changes_no_number(tmp_path):
   """The memory-minimising schedule orders the same operations: 3 train steps (1 x 4 mesh, so
-  collectives are scheduled too) give bitwise the prompt of XLA's default schedule."""
+  collectives are scheduled too) give bitwise the prompt of XLA's default schedule. Bitwise on
+  purpose: scheduling runs after fusion and chooses only the order of the same instructions
+  (no re-association), so any difference would be a change of arithmetic by a flag that must
+  not change any."""
   prompts = {}
   for value in ("false", "true"):  # prompt-jax's default; XLA's default, set by the user
     model_dir = str(tmp_path / value)

@@ -20,6 +20,7 @@ from prompt_jax.models import get_config
 from prompt_jax.prompts import initializers
 from prompt_jax.prompts import specs
 from prompt_jax.train import run_dir
+from tests import numerics
 from tests.train import common
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +68,19 @@ def test_cosine_neighbours_match_a_brute_force_ranking():
   t64, p64 = table.astype(np.float64), prompt.astype(np.float64)
   norms = np.maximum(np.linalg.norm(t64, axis=1), 1e-30)
   brute = (p64 @ t64.T) / np.linalg.norm(p64, axis=1)[:, None] / norms[None, :]
-  np.testing.assert_array_equal(ids, np.argsort(-brute, axis=1, kind="stable")[:, :4])
+  # inspect ranks in float32 (for speed on a 32k x 4096 table), the brute force in float64: two
+  # programs. Each row's ids agree up to the first rank whose float64 gap to the next is within
+  # twice the derived float32 bound (tests/numerics.py); here no gap is (asserted).
+  unit_t = (t64 / norms[:, None]).astype(np.float32)
+  sims32 = (p64 / np.linalg.norm(p64, axis=1)[:, None]).astype(np.float32) @ unit_t.T
+  limit = numerics.bound(sims32, brute)
+  ranked = -np.sort(-brute, axis=1)[:, :5]
+  close = ranked[:, :4] - ranked[:, 1:] <= 2 * limit  # [P, 4]
+  first = np.where(close.any(1), close.argmax(1), 4)
+  want = np.argsort(-brute, axis=1, kind="stable")[:, :4]
+  for row, upto in enumerate(first):
+    np.testing.assert_array_equal(ids[row, :upto], want[row, :upto])
+  assert (first == 4).all(), (first, limit)  # the check above was whole on this data
   np.testing.assert_allclose(cos, np.take_along_axis(brute, ids, axis=1), rtol=0, atol=1e-12)
   assert ids[2, 0] == 42 and cos[2, 0] == pytest.approx(1.0, abs=1e-12)
 

@@ -63,3 +63,53 @@ def log_then_sigterm(message, *args):
 summaries.log = log_then_sigterm
 sys.exit(cli.main(sys.argv[1:]))
 """
+
+
+def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = None, *,
+                       greedy: bool = False) -> Dict[str, bool]:
+  """{validation input text: bool} for the embedded default (runs/embedded_default.gin: the
+  shipped tiny T5, inputs of 16 tokens) under the prompt-tuning prompt `prompt32` [P, 64]:
+  examples whose answer may differ between two float32 programs for rounding alone
+  (tests/numerics.py): the best label's log-likelihood within twice the derived float32 bound of
+  the next, or, with `greedy` (one side decodes greedily, e.g. t5x's evaluation), a greedy step
+  within it. `prompt64`: the prompt's float64 value where `prompt32` is itself rounded (a
+  folded DPT prompt A·B); default `prompt32`."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prompt_jax import checkpoints, cli, embedded, run_setup  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5, decoding  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  cli.parse_gin(["runs/embedded_default.gin"], [], [])
+  try:
+    config = run_setup.t5_config()
+  finally:
+    gin.clear_config()
+  length = prompt32.shape[0]
+  model = T5(config, prompt=prompt_factory(functools.partial(PromptTuning, length=length),
+                                           length))
+  _, frozen = checkpoints.load(embedded.CHECKPOINT_DIR)
+
+  def with_prompt(prompt, dtype):
+    params = numerics.cast(frozen, dtype)
+    return dict(params, encoder=dict(params["encoder"], prompt={"prompt": {
+        "prompt": np.asarray(prompt, dtype)}}))
+
+  texts = sorted({text for text, _ in task.examples("validation")})
+  enc = jnp.asarray(run_lib.encode_inputs(texts, task.VOCABULARY, 16))
+  labels = jnp.asarray(inference.label_tokens(inference.label_set("embedded_last_letter"),
+                                              task.VOCABULARY))
+  params32 = with_prompt(prompt32, np.float32)
+  s32 = decoding.score_targets(model, params32, enc, labels)
+  with numerics.float64():
+    m64, _ = numerics.in_float64(model, {})
+    s64 = decoding.score_targets(m64, with_prompt(
+        prompt32 if prompt64 is None else prompt64, np.float64), enc, labels)
+  ties = numerics.near_ties(s32, s64)
+  if greedy:
+    ties |= numerics.greedy_near_ties(model, params32, enc, 4)
+  return dict(zip(texts, ties.tolist()))

@@ -118,7 +118,12 @@ def test_export_folds_dpt_and_the_folded_prompt_evaluates_the_same(dpt_run):
   code, file_out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64",
                                  f"--gin.PROMPT_FILE='{path}'"])
   assert code == 0, err
-  assert _accuracy(file_out) == _accuracy(dpt_out)
+  # The folded prompt is A·B rounded once in numpy; the DPT run computes it in its graph: two
+  # programs, equal accuracies but for float32 near-ties (tests/train/common.embedded_near_ties).
+  ties = common.embedded_near_ties(exported, a.astype(np.float64) @ b.astype(np.float64))
+  assert sum(ties.values()) <= 0.05 * len(ties), sum(ties.values())
+  assert abs(float(_accuracy(file_out)) - float(_accuracy(dpt_out))) <= (
+      100 * sum(ties.values()) / len(ties) + 5e-5)  # 5e-5: the printed rounding
   # --output names the file.
   mine = os.path.join(model_dir, "mine.npy")
   code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'", f"--output={mine}"])
