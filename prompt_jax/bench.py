@@ -1,14 +1,17 @@
-"""`prompt-jax bench train_step`: our prompt-tuning step against HF torch, in the same run.
-(`prompt-jax bench ensemble`: N prompts in one batch, see prompt_jax/bench_ensemble.py.)
+"""`prompt-jax bench train_step`: our prompt-tuning step against HF torch / PEFT, in the same run.
+(`bench epoch` / `bench eval`: real RTE against HF PEFT, see prompt_jax/bench_rte.py;
+`bench ensemble`: N prompts in one batch, see prompt_jax/bench_ensemble.py.)
 
-The reference is what HF PEFT's prompt tuning does with a T5: a frozen
-`T5ForConditionalGeneration` fed `inputs_embeds = [prompt; embed(inputs)]`, gradients only on the
-prompt, transformers' Adafactor with Lester et al.'s settings. Each side runs in its own
-subprocess, one after the other (so neither competes for cores and each peak RSS is its own),
-on identical shapes and random weights. Reported: seconds per step (median of the timed steps,
-after warm-up/compilation), peak resident memory, and the ratios ours / reference.
+The reference (`--reference`) is HF PEFT's prompt tuning of a T5: 'torch' writes it out (a
+frozen `T5ForConditionalGeneration` fed `inputs_embeds = [prompt; embed(inputs)]`, gradients
+only on the prompt), 'peft' runs the `peft` library itself (`get_peft_model` with
+PromptTuningConfig); both with transformers' Adafactor at Lester et al.'s settings. Each side
+runs in its own subprocess, one after the other (so neither competes for cores and each peak RSS
+is its own), on identical shapes and random weights. Reported: seconds per step (median of the
+timed steps, after warm-up/compilation), peak resident memory, and the ratios ours / reference.
 
-  prompt-jax bench train_step --preset=t5_1_1_small --batch=8 --inputs=512 --targets=8
+  prompt-jax bench train_step --preset=t5_1_1_small --batch=8 --inputs=512 --targets=8 \
+      [--reference=peft]
 
 `--xla_flags=...` runs our side under extra XLA flags; `--flag_sweep` runs it once per entry of
 CPU_FLAG_SETS (XLA CPU options worth knowing about) and prints each against the default;
@@ -33,7 +36,8 @@ import numpy as np
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="prompt-jax bench", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("what", choices=["train_step", "ensemble"], help="what to measure")
+  p.add_argument("what", choices=["train_step", "epoch", "eval", "ensemble"],
+                 help="what to measure")
   p.add_argument("--preset", default="t5_1_1_small", help="T5 preset (models/config.py)")
   p.add_argument("--num_layers", type=int, default=None, help="override encoder/decoder layers")
   p.add_argument("--batch", type=int, default=8)
@@ -41,15 +45,20 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--targets", type=int, default=8, help="target length (tokens)")
   p.add_argument("--prompt_length", type=int, default=100)
   p.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
-  p.add_argument("--reference", choices=["torch", "none"], default="torch")
+  p.add_argument("--reference", choices=["torch", "peft", "none"], default=None,
+                 help="train_step: 'torch' (PEFT's prompt tuning written out on transformers' "
+                      "T5, the default) or 'peft' (the peft library); epoch/eval: 'peft' "
+                      "(default) or 'none'")
   p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
   p.add_argument("--flag_sweep", action="store_true",
                  help="run our side under each of CPU_FLAG_SETS and compare with the default")
   p.add_argument("--record", default=None, metavar="PATH",
                  help="append the results (with command line, machine, versions) to PATH")
-  p.add_argument("--side", choices=["ours", "torch"], default=None, help=argparse.SUPPRESS)
-  from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
+  p.add_argument("--side", choices=["ours", "torch", "peft"], default=None,
+                 help=argparse.SUPPRESS)
+  from prompt_jax import bench_ensemble, bench_rte  # pylint: disable=g-import-not-at-top
   bench_ensemble.add_arguments(p)
+  bench_rte.add_arguments(p)
   return p
 
 
@@ -99,45 +108,63 @@ def _time(step, n: int) -> List[float]:
   return times
 
 
-def _ours(args) -> Dict[str, float]:
-  import functools  # pylint: disable=g-import-not-at-top
+def _our_params(args, config, model, batch):
+  """Random parameters of `model`, filled array by array with keys as arguments: a jitted
+  whole-model init with a constant key is what made T5 1.1 base take minutes to start
+  (models/random_init.py)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from prompt_jax.models import T5, random_init  # pylint: disable=g-import-not-at-top
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import random_init  # pylint: disable=g-import-not-at-top
+  del args, config
+  inits = random_init.initialisers(
+      model, batch["encoder_input_tokens"][:1], batch["decoder_input_tokens"][:1],
+      batch["decoder_target_tokens"][:1], enable_dropout=False)
+  return trees.unflatten(random_init.fill(inits, jax.random.PRNGKey(0)))
+
+
+def _our_model(args, config):
+  import functools  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
+  return T5(config, prompt=prompt_factory(
+      functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
+
+
+def _our_train_setup(args, batch):
+  """(step(state, batch) -> (state, metrics), {"state": state}): our jitted prompt-tuning step
+  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init."""
+  import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax import trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
 
   config = _config(args)
-  model = T5(config, prompt=prompt_factory(
-      functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
-  batch = _batch(args, config.vocab_size)
-  # Filled array by array with keys as arguments: a jitted whole-model init with a constant key
-  # is what made T5 1.1 base take minutes to start (models/random_init.py).
-  inits = random_init.initialisers(
-      model, batch["encoder_input_tokens"][:1], batch["decoder_input_tokens"][:1],
-      batch["decoder_target_tokens"][:1], enable_dropout=False)
-  params = trees.unflatten(random_init.fill(inits, jax.random.PRNGKey(0)))
+  model = _our_model(args, config)
+  params = _our_params(args, config, model, batch)
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   tx = optimizers.adafactor().tx
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
   step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
   rng = jax.random.PRNGKey(1)
-  holder = {"state": state}
+  return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
+
+
+def _ours(args) -> Dict[str, float]:
+  import jax  # pylint: disable=g-import-not-at-top
+  batch = _batch(args, _config(args).vocab_size)
+  step, holder = _our_train_setup(args, batch)
 
   def one():
-    holder["state"], metrics = step_fn(holder["state"], frozen, batch, rng)
+    holder["state"], metrics = step(holder["state"], batch)
     jax.block_until_ready(metrics["loss"])
 
   _time(one, 2)  # compile + warm-up
   return {"seconds_per_step": statistics.median(_time(one, args.steps))}
 
 
-def _torch(args) -> Dict[str, float]:
-  import torch  # pylint: disable=g-import-not-at-top
+def _hf_model(args):
+  """transformers' T5 with random weights of the preset's shapes, frozen."""
   import transformers  # pylint: disable=g-import-not-at-top
-  from transformers.optimization import Adafactor  # pylint: disable=g-import-not-at-top
-
   c = _config(args)
   hf_config = transformers.T5Config(
       vocab_size=c.vocab_size, d_model=c.emb_dim, d_kv=c.head_dim, d_ff=c.mlp_dim,
@@ -145,24 +172,40 @@ def _torch(args) -> Dict[str, float]:
       num_heads=c.num_heads, feed_forward_proj="gated-gelu" if c.is_gated else "relu",
       dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
   model = transformers.T5ForConditionalGeneration(hf_config)
-  model.train()
   for p in model.parameters():
     p.requires_grad_(False)
-  prompt = torch.nn.Parameter(torch.rand(args.prompt_length, c.emb_dim) * 0.5)
-  opt = Adafactor([prompt], lr=0.3, decay_rate=-0.8, scale_parameter=False,
-                  relative_step=False, warmup_init=False, weight_decay=1e-5)
-  batch = {k: torch.tensor(v, dtype=torch.long) for k, v in _batch(args, c.vocab_size).items()}
-  enc = batch["encoder_input_tokens"]
-  mask = torch.cat([torch.ones(args.batch, args.prompt_length, dtype=torch.long),
-                    (enc > 0).long()], dim=1)
-  labels = batch["decoder_target_tokens"].masked_fill(batch["decoder_target_tokens"] == 0, -100)
+  return model
 
+
+def _adafactor(params):
+  from transformers.optimization import Adafactor  # pylint: disable=g-import-not-at-top
+  return Adafactor(params, lr=0.3, decay_rate=-0.8, scale_parameter=False,
+                   relative_step=False, warmup_init=False, weight_decay=1e-5)
+
+
+def _peft_model(args):
+  """(HF PEFT prompt tuning on `_hf_model`, its Adafactor): `peft.get_peft_model` with
+  PromptTuningConfig (random init, one transformer submodule: the encoder input)."""
+  import peft  # pylint: disable=g-import-not-at-top
+  model = peft.get_peft_model(_hf_model(args), peft.PromptTuningConfig(
+      task_type="SEQ_2_SEQ_LM", num_virtual_tokens=args.prompt_length,
+      num_transformer_submodules=1))
+  model.train()
+  return model, _adafactor([p for p in model.parameters() if p.requires_grad])
+
+
+def _torch_batch(args):
+  """(the bench batch as torch tensors, labels with padding as -100)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  batch = {k: torch.tensor(v, dtype=torch.long)
+           for k, v in _batch(args, _config(args).vocab_size).items()}
+  targets = batch["decoder_target_tokens"]
+  return batch, targets.masked_fill(targets == 0, -100)
+
+
+def _timed_torch_steps(args, loss_fn, opt) -> Dict[str, float]:
   def one():
-    embedded = model.shared(enc)
-    inputs = torch.cat([prompt.unsqueeze(0).expand(args.batch, -1, -1), embedded], dim=1)
-    loss = model(inputs_embeds=inputs, attention_mask=mask,
-                 decoder_input_ids=batch["decoder_input_tokens"], labels=labels).loss
-    loss.backward()
+    loss_fn().backward()
     opt.step()
     opt.zero_grad()
 
@@ -170,8 +213,74 @@ def _torch(args) -> Dict[str, float]:
   return {"seconds_per_step": statistics.median(_time(one, args.steps))}
 
 
+def _peft(args) -> Dict[str, float]:
+  """The real `peft` library's prompt-tuning step on the same batch."""
+  model, opt = _peft_model(args)
+  batch, labels = _torch_batch(args)
+  enc = batch["encoder_input_tokens"]
+  return _timed_torch_steps(args, lambda: model(
+      input_ids=enc, attention_mask=(enc > 0).long(),
+      decoder_input_ids=batch["decoder_input_tokens"], labels=labels).loss, opt)
+
+
+def _torch(args) -> Dict[str, float]:
+  """PEFT's prompt tuning written out on transformers' T5 (no `peft` import needed)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _hf_model(args)
+  model.train()
+  prompt = torch.nn.Parameter(torch.rand(args.prompt_length, _config(args).emb_dim) * 0.5)
+  opt = _adafactor([prompt])
+  batch, labels = _torch_batch(args)
+  enc = batch["encoder_input_tokens"]
+  mask = torch.cat([torch.ones(args.batch, args.prompt_length, dtype=torch.long),
+                    (enc > 0).long()], dim=1)
+
+  def loss():
+    embedded = model.shared(enc)
+    inputs = torch.cat([prompt.unsqueeze(0).expand(args.batch, -1, -1), embedded], dim=1)
+    return model(inputs_embeds=inputs, attention_mask=mask,
+                 decoder_input_ids=batch["decoder_input_tokens"], labels=labels).loss
+
+  return _timed_torch_steps(args, loss, opt)
+
+
+def _epoch_ours(args) -> Dict[str, float]:
+  from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
+  return bench_rte.epoch_ours(args, lambda batch: _our_train_setup(args, batch))
+
+
+def _epoch_peft(args) -> Dict[str, float]:
+  from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
+  return bench_rte.epoch_peft(args, lambda: _peft_model(args))
+
+
+def _eval_ours(args) -> Dict[str, float]:
+  import types  # pylint: disable=g-import-not-at-top
+  from prompt_jax import partitioning, trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
+  config = _config(args)
+  model = _our_model(args, config)
+  params = _our_params(args, config, model, _batch(args, config.vocab_size))
+  trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  run = types.SimpleNamespace(model=model, trainable=trainable, frozen=frozen,
+                              mesh=partitioning.create_mesh(1))
+  return bench_rte.eval_ours(args, run)
+
+
+def _eval_peft(args) -> Dict[str, float]:
+  from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
+  return bench_rte.eval_peft(args, _peft_model(args)[0])
+
+
+SIDES = {("train_step", "ours"): _ours, ("train_step", "torch"): _torch,
+         ("train_step", "peft"): _peft, ("epoch", "ours"): _epoch_ours,
+         ("epoch", "peft"): _epoch_peft, ("eval", "ours"): _eval_ours,
+         ("eval", "peft"): _eval_peft}
+
+
 def _side(args) -> int:
-  result = (_ours if args.side == "ours" else _torch)(args)
+  result = SIDES[(args.what, args.side)](args)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print("BENCH_RESULT " + json.dumps(result), flush=True)
   return 0
@@ -206,15 +315,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
       print(f"prompt-jax bench: error: {e}", file=sys.stderr)
       return 1
-  shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
-           f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
-           f"{args.targets} targets, float32")
+  reference = args.reference or ("torch" if args.what == "train_step" else "peft")
+  try:
+    _check_reference(args.what, reference)
+    if args.what in ("epoch", "eval"):
+      from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
+      bench_rte.check_inputs(args)
+  except ValueError as e:
+    print(f"prompt-jax bench: error: {e}", file=sys.stderr)
+    return 1
   lines = []
 
   def say(line: str) -> None:
     lines.append(line)
     print(line, flush=True)
 
+  if args.what in ("epoch", "eval"):
+    try:
+      (_epoch if args.what == "epoch" else _eval)(args, argv, reference, say)
+    except RuntimeError as e:
+      print(f"prompt-jax bench: error: {e}", file=sys.stderr)
+      return 1
+    if args.record:
+      _record(args.record, argv, lines)
+      print(f"recorded in {args.record}")
+    return 0
+  shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
+           f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
+           f"{args.targets} targets, float32")
   say(f"train_step: {shape}")
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
   try:
@@ -222,9 +350,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
         f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB")
     ref = None
-    if args.reference == "torch":
-      ref = _run_side("torch", side_argv)
-      say(f"  HF torch (PEFT-style prompt tuning): {ref['seconds_per_step']:.3f} s/step, "
+    if reference != "none":
+      ref = _run_side(reference, side_argv)
+      say(f"  {_REFERENCE_NAMES[reference]()}: {ref['seconds_per_step']:.3f} s/step, "
           f"peak RSS {ref['peak_rss_mb']:.0f} MB")
       say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
           f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
@@ -233,14 +361,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 1
   if args.flag_sweep:
     say("  XLA flag sweep (our side; speed = default time / this time"
-        f"{', torch = torch time / this time' if ref else ''}):")
+        f"{f', {reference} = {reference} time / this time' if ref else ''}):")
     for name, flags in CPU_FLAG_SETS[1:]:
       try:
         r = _run_side("ours", side_argv, f"{args.xla_flags} {flags}".strip())
       except RuntimeError as e:
         say(f"    {name:28s} {flags}: not run ({str(e).split(': ', 1)[-1][:120]})")
         continue
-      vs_torch = (f", torch {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
+      vs_torch = (f", {reference} {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
                   if ref else "")
       say(f"    {name:28s} {flags}: {r['seconds_per_step']:.3f} s/step, speed "
           f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}x{vs_torch}, "
@@ -251,11 +379,92 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
+def _version(name: str) -> str:
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return "?"
+
+
+_REFERENCE_NAMES = {
+    "torch": lambda: "HF torch (PEFT-style prompt tuning)",
+    "peft": lambda: f"HF PEFT {_version('peft')} (prompt tuning)",
+}
+
+
+def _check_reference(what: str, reference: str) -> None:
+  """One-line errors for a reference this measurement has not, or whose packages are missing."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if what in ("epoch", "eval") and reference == "torch":
+    raise ValueError(f"bench {what} compares with the peft library: use --reference=peft "
+                     f"(the default) or --reference=none")
+  needed = {"torch": ("torch", "transformers"), "peft": ("torch", "transformers", "peft"),
+            "none": ()}[reference]
+  missing = [m for m in needed if importlib.util.find_spec(m) is None]
+  if missing:
+    raise ValueError(f"--reference={reference} needs {', '.join(missing)}: pip install "
+                     f"{' '.join(missing)} (or --reference=none for our side alone)")
+
+
+def _rte_shape(args, split: str) -> str:
+  return (f"RTE {split} (super_glue_rte_v102, official files), {args.preset}"
+          f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch {args.batch}, "
+          f"inputs <= {args.inputs} (+{args.prompt_length} prompt), targets <= {args.targets}, "
+          f"float32, random weights")
+
+
+def _padding(args) -> str:
+  return f"{args.buckets} length buckets" if args.buckets else f"padded to {args.inputs}"
+
+
+def _tokens(side) -> str:
+  """Real input+target tokens of the processed positions (prompt positions excluded)."""
+  return (f"real tokens {side['real_tokens']} of {side['processed_tokens']} processed (share "
+          f"{side['real_tokens'] / max(side['processed_tokens'], 1):.2f})")
+
+
+def _epoch(args, argv, reference, say) -> None:
+  say(f"epoch: {_rte_shape(args, 'train')}")
+  ours = _run_side("ours", argv, args.xla_flags)
+  how = _padding(args)
+  say(f"  prompt_jax (jit, {how}): {ours['steps']} steps in {ours['seconds']:.1f} s (of which "
+      f"{ours['compiling_seconds']:.1f} s in the {ours['programs']} steps that compiled a "
+      f"program), {_tokens(ours)}, peak RSS {ours['peak_rss_mb']:.0f} MB")
+  if reference == "none":
+    return
+  ref = _run_side(reference, argv)
+  say(f"  HF PEFT {_version('peft')} (DataCollatorForSeq2Seq, dynamic padding): {ref['steps']} "
+      f"steps in {ref['seconds']:.1f} s, {_tokens(ref)}, peak RSS {ref['peak_rss_mb']:.0f} MB")
+  say(f"  ratio ours/reference: time {ours['seconds'] / ref['seconds']:.2f} (speed "
+      f"{ref['seconds'] / ours['seconds']:.2f}x), memory "
+      f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+
+
+def _eval(args, argv, reference, say) -> None:
+  say(f"eval: {_rte_shape(args, 'validation')}; the decoders emit exactly {args.targets} tokens")
+  ours = _run_side("ours", argv, args.xla_flags)
+  how = _padding(args)
+  say(f"  prompt_jax rank classification (2 labels, {how}): {ours['examples']} examples in "
+      f"{ours['rank_seconds']:.2f} s")
+  say(f"  prompt_jax greedy decoding ({how}): {ours['examples']} examples in "
+      f"{ours['greedy_seconds']:.2f} s; peak RSS {ours['peak_rss_mb']:.0f} MB")
+  if reference == "none":
+    return
+  ref = _run_side(reference, argv)
+  say(f"  HF PEFT {_version('peft')} generate (greedy, dynamic padding): {ref['examples']} "
+      f"examples in {ref['generate_seconds']:.2f} s; peak RSS {ref['peak_rss_mb']:.0f} MB")
+  say(f"  speed vs PEFT generate: rank classification "
+      f"{ref['generate_seconds'] / ours['rank_seconds']:.2f}x, greedy "
+      f"{ref['generate_seconds'] / ours['greedy_seconds']:.2f}x; memory "
+      f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+
+
 def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   """Appends the run to a markdown file: command line, machine, versions, then the output."""
   import jax  # pylint: disable=g-import-not-at-top
   versions = [f"jax {jax.__version__}"]
-  for name in ("flax", "torch", "transformers"):
+  for name in ("flax", "torch", "transformers", "peft"):
     try:
       versions.append(f"{name} {__import__(name).__version__}")
     except ImportError:

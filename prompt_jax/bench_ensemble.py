@@ -45,10 +45,10 @@ def _median_seconds(fn: Callable[[], object], steps: int) -> float:
 
 
 def run(args, config) -> int:
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from prompt_jax.models import T5, decoding  # pylint: disable=g-import-not-at-top
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5, decoding, random_init  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import bank as bank_lib  # pylint: disable=g-import-not-at-top
 
@@ -65,8 +65,10 @@ def run(args, config) -> int:
 
   plain = T5(config)
   dummy = jnp.ones((1, 8), jnp.int32)
-  frozen = nn.meta.unbox(jax.jit(lambda: plain.init(
-      jax.random.PRNGKey(0), dummy, dummy[:, :4], dummy[:, :4], enable_dropout=False))())["params"]
+  # Filled array by array, the key an argument: never a jitted whole-model init (with a constant
+  # key XLA constant-folds it and T5 1.1 base does not start; models/random_init.py).
+  frozen = trees.unflatten(random_init.fill(random_init.initialisers(
+      plain, dummy, dummy[:, :4], dummy[:, :4], enable_dropout=False), jax.random.PRNGKey(0)))
   # N prompts of lengths P, P - 1, ... (padded to P in the bank); the single-prompt model uses P.
   lengths = [max(1, p - i) for i in range(n)]
   entries = [bank_lib.BankEntry(f"p{i}", 0.5 * rng.randn(l, config.emb_dim).astype(np.float32))

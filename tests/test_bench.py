@@ -40,3 +40,62 @@ def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch
   assert text.startswith("# earlier\n")  # appended, nothing earlier changed
   assert f"### `prompt-jax {' '.join(argv)}`" in text and "jax 0." in text
   assert re.search(r"prompt_jax \(jit\): +[0-9.]+ s/step", text) and "not run" in text
+
+
+def test_bench_train_step_against_the_peft_library(capsys):
+  pytest.importorskip("peft")
+  assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                   "--prompt_length=2", "--steps=1", "--reference=peft"]) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"HF PEFT [0-9.]+ \(prompt tuning\): [0-9.]+ s/step, peak RSS \d+ MB", out)
+  assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
+
+
+def _rte_argv(what, shared_data, *extra):
+  shared_data("super_glue", "RTE")  # skips without ../shared/data
+  data_dir = shared_data()
+  return ["bench", what, f"--data_dir={data_dir}", f"--vocab={data_dir / 't5_spm' / 'spiece.model'}",
+          "--num_layers=1", "--batch=4", "--max_steps=3", "--prompt_length=4", "--inputs=256",
+          "--targets=8", *extra]
+
+
+def test_bench_epoch_on_real_rte_trains_both_sides_on_the_same_rows(shared_data, capsys):
+  """Both sides read the same 3 batches of real RTE: the same real tokens; PEFT pads each batch
+  to its longest row, ours to the smallest of 4 buckets holding it (so at least as many
+  positions, and fewer than padding to --inputs)."""
+  pytest.importorskip("peft")
+  assert cli.main(_rte_argv("epoch", shared_data)) == 0
+  out = capsys.readouterr().out
+  pattern = r"real tokens (\d+) of (\d+) processed \(share [0-9.]+\)"
+  ours = re.search(r"prompt_jax \(jit, 4 length buckets\): 3 steps in [0-9.]+ s \(of which "
+                   r"[0-9.]+ s in the \d steps that compiled a program\), " + pattern, out)
+  peft = re.search(r"HF PEFT .*dynamic padding\): 3 steps in [0-9.]+ s, " + pattern, out)
+  assert ours and peft, out
+  real, processed = int(ours.group(1)), int(ours.group(2))
+  assert real == int(peft.group(1)) > 0
+  assert int(peft.group(2)) <= processed < 3 * 4 * (256 + 8)
+  assert re.search(r"ratio ours/reference: time [0-9.]+ \(speed [0-9.]+x\), memory [0-9.]+", out)
+
+
+def test_bench_eval_on_real_rte(shared_data, capsys):
+  pytest.importorskip("peft")
+  assert cli.main(_rte_argv("eval", shared_data)) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"prompt_jax rank classification \(2 labels, 4 length buckets\): 12 examples "
+                   r"in [0-9.]+ s", out), out
+  assert re.search(r"prompt_jax greedy decoding .*: 12 examples in [0-9.]+ s", out)
+  assert re.search(r"HF PEFT .* generate .*: 12 examples in [0-9.]+ s", out)
+  assert re.search(r"speed vs PEFT generate: rank classification [0-9.]+x, greedy [0-9.]+x", out)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "epoch"], "bench epoch reads the official RTE files: pass --data_dir=DIR"),
+    (["bench", "eval", "--data_dir=/nonexistent"], "/nonexistent/super_glue/RTE/train.jsonl is "
+                                                   "missing"),
+    (["bench", "epoch", "--data_dir=/x", "--reference=torch"],
+     "bench epoch compares with the peft library: use --reference=peft"),
+])
+def test_bench_rte_bad_inputs_are_one_line_errors(argv, message, capsys):
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

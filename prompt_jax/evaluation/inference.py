@@ -66,20 +66,34 @@ def _gather(x) -> np.ndarray:
 def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
              progress: Optional[str] = None, task_ids: Optional[np.ndarray] = None
              ) -> Iterator[Tuple[int, jax.Array, Optional[jax.Array]]]:
-  """(rows in this batch, [batch_size, T] global array on the data axis, the rows' task ids
+  """(rows in this batch, [batch_size, T'] global array on the data axis, the rows' task ids
   [batch_size] or None) per batch of rows.
-  `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines."""
+  `progress`: a label; long work then logs 'label: n/N examples ... ETA' lines.
+  With `prompt_jax.length_buckets.num_buckets` > 0 (as in training), each batch's inputs are cut
+  to the smallest of the fixed lengths of `data.bucket_lengths(T, ...)` that holds its longest row
+  (T' <= T; trailing padding only, the prompt is added by the model after the cut), so short
+  examples are not run at TASK_FEATURE_LENGTHS and jit compiles at most num_buckets programs.
+  `encoder_inputs` is the same on every process, so all agree on the cut."""
   sharding = partitioning.data_sharding(run.mesh)
   meter = summaries.Meter(progress, encoder_inputs.shape[0]) if progress else None
+  num_buckets, multiple = data_lib.length_buckets()
+  buckets = (data_lib.bucket_lengths(encoder_inputs.shape[1], num_buckets, multiple)
+             if num_buckets and encoder_inputs.ndim == 2 else None)
 
-  def global_rows(x, begin):
+  def global_rows(x, begin, cut=None):
     chunk = x[begin:begin + batch_size]
+    if cut is not None:
+      chunk = chunk[:, :cut]
     padded = np.zeros((batch_size,) + chunk.shape[1:], np.int32)
     padded[:chunk.shape[0]] = chunk
     return chunk.shape[0], jax.make_array_from_process_local_data(sharding, _local_rows(padded))
 
   for begin in range(0, encoder_inputs.shape[0], batch_size):
-    n, enc = global_rows(encoder_inputs, begin)
+    cut = None
+    if buckets is not None:
+      used = data_lib.used_length(encoder_inputs[begin:begin + batch_size])
+      cut = next(b for b in buckets if b >= used)
+    n, enc = global_rows(encoder_inputs, begin, cut)
     ids = None if task_ids is None else global_rows(np.asarray(task_ids), begin)[1]
     yield n, enc, ids
     if meter is not None:
@@ -102,11 +116,12 @@ def label_scores(run, encoder_inputs: np.ndarray, label_ids: np.ndarray, *,
 
 def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_length: int,
                 decoding_cfg: Optional[DecodingConfig] = None, progress: Optional[str] = None,
-                task_ids: Optional[np.ndarray] = None
+                task_ids: Optional[np.ndarray] = None, eos_id: int = EOS_ID
                 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
   """Decoded tokens [N, max_decode_length] (EOS, then 0) of every row of `encoder_inputs`
   [N, T], and for beam search the best beam's score [N] (None for greedy). `task_ids` [N]:
-  each row's task (multi-task prompts)."""
+  each row's task (multi-task prompts). `eos_id=-1` decodes max_decode_length tokens whatever
+  comes (bench: the same work on every side)."""
   cfg = decoding_cfg or DecodingConfig()
   params = trees.merge(run.trainable, run.frozen)
   tokens, scores = [], []
@@ -115,12 +130,12 @@ def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_
       if cfg.method == "beam":
         beams, beam_scores = decoding.beam_decode(run.model, params, enc, max_decode_length,
                                                   beam_size=cfg.beam_size, alpha=cfg.alpha,
-                                                  task_ids=ids)
+                                                  eos_id=eos_id, task_ids=ids)
         tokens.append(_gather(beams)[:n, 0])
         scores.append(_gather(beam_scores)[:n, 0])
       else:
-        tokens.append(_gather(decoding.greedy_decode(run.model, params, enc,
-                                                     max_decode_length, task_ids=ids))[:n])
+        tokens.append(_gather(decoding.greedy_decode(run.model, params, enc, max_decode_length,
+                                                     eos_id=eos_id, task_ids=ids))[:n])
   empty = np.zeros((0, max_decode_length), np.int32)
   return (np.concatenate(tokens) if tokens else empty,
           np.concatenate(scores) if scores else None)

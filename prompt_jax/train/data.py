@@ -258,7 +258,8 @@ _BUCKETED = {"encoder_input_tokens": "inputs", "decoder_input_tokens": "targets"
 @gin.configurable(module="prompt_jax")
 def length_buckets(num_buckets: int = 0, multiple: int = 8) -> Tuple[int, int]:
   """Training batches padded to the smallest of `num_buckets` fixed lengths per feature that
-  holds the batch's longest example, instead of to TASK_FEATURE_LENGTHS (0: off, the default).
+  holds the batch's longest example, instead of to TASK_FEATURE_LENGTHS (0: off, the default);
+  eval / infer batches of inputs likewise (`evaluation.inference`).
 
     prompt_jax.length_buckets.num_buckets = 4
 

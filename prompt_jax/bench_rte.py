@@ -1,0 +1,239 @@
+"""`prompt-jax bench epoch` and `prompt-jax bench eval`: real RTE against HF PEFT, in one run.
+
+Both read SuperGLUE RTE from the official files (`--data_dir`, laid out like ../shared/data) with
+the real T5 vocabulary (`--vocab`, or $PROMPT_JAX_SPM_PATH, or <data_dir>/t5_spm/spiece.model)
+through our seqio task `super_glue_rte_v102`, so both sides see the same token ids; the frozen
+backbone has random weights of the `--preset` shapes on both sides, the prompt is 100 tokens.
+Each side runs in its own subprocess, one after the other (bench.py).
+
+  epoch  one epoch of RTE train (2490 examples: 77 steps of batch 32, shuffled with seed 0, the
+         same rows in the same order on both sides). Ours: the training pipeline
+         (`train.data.TrainStream`, tokenising on the fly) with length bucketing
+         (`--buckets`, `prompt_jax.length_buckets`; 0 pads to --inputs) and our jitted step;
+         the time includes compiling one program per bucket shape. PEFT: `peft.get_peft_model`
+         (PromptTuningConfig) on transformers' T5 with Adafactor (Lester et al.), the rows
+         pre-tokenised (as `datasets.map` would cache them) and padded per batch by HF's
+         `DataCollatorForSeq2Seq` (dynamic padding to the longest row).
+  eval   RTE validation (277 examples), batch --batch: ours by rank classification of the two
+         labels and by greedy decoding of --targets tokens (both through `evaluation.inference`
+         with the same bucketing), PEFT by `generate` (greedy, dynamic padding). Both decoders
+         emit exactly --targets tokens (EOS suppressed: random weights would otherwise stop at
+         different steps on the two sides).
+
+Reported: seconds, real-token share of the processed input+target positions (prompt excluded),
+programs compiled, peak RSS, and the ratios. Figures, never assertions.
+
+  prompt-jax bench epoch --data_dir=../shared/data --batch=32
+  prompt-jax bench eval --data_dir=../shared/data --batch=32
+"""
+import os
+import time
+from typing import Dict, Iterator, List
+
+import numpy as np
+
+TASK = "super_glue_rte_v102"
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--data_dir", default=None,
+                 help="epoch/eval: folder with super_glue/RTE/*.jsonl (like ../shared/data)")
+  p.add_argument("--vocab", default=None,
+                 help="epoch/eval: T5 SentencePiece model (default: $PROMPT_JAX_SPM_PATH, "
+                      "else <data_dir>/t5_spm/spiece.model)")
+  p.add_argument("--buckets", type=int, default=4,
+                 help="epoch/eval: our length buckets (prompt_jax.length_buckets; 0: pad to "
+                      "--inputs)")
+  p.add_argument("--max_steps", type=int, default=None,
+                 help="epoch: stop after this many steps (eval: batches); default the whole split")
+
+
+def check_inputs(args) -> None:
+  """One-line errors (ValueError) before any side starts: the data and the vocabulary."""
+  if not args.data_dir:
+    raise ValueError(f"bench {args.what} reads the official RTE files: pass --data_dir=DIR "
+                     f"(a folder with super_glue/RTE/train.jsonl and val.jsonl, like "
+                     f"../shared/data)")
+  for split in ("train.jsonl", "val.jsonl"):
+    path = os.path.join(args.data_dir, "super_glue", "RTE", split)
+    if not os.path.isfile(path):
+      raise ValueError(f"--data_dir {args.data_dir}: {path} is missing; point it at a folder "
+                       f"laid out like ../shared/data")
+  vocab = vocab_path(args)
+  if not os.path.isfile(vocab):
+    raise ValueError(f"T5 SentencePiece model {vocab} is missing: pass --vocab=PATH/spiece.model")
+  if args.buckets < 0:
+    raise ValueError(f"--buckets must be >= 0, got {args.buckets}")
+
+
+SPM_PATH_ENV = "PROMPT_JAX_SPM_PATH"  # prompt_jax.vocab's (not imported here: seqio loads TF)
+
+
+def vocab_path(args) -> str:
+  return (args.vocab or os.environ.get(SPM_PATH_ENV)
+          or os.path.join(args.data_dir, "t5_spm", "spiece.model"))
+
+
+def _setup_data(args, num_buckets: int) -> None:
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.tasks import sources  # pylint: disable=g-import-not-at-top
+  os.environ[vocab_lib.SPM_PATH_ENV] = os.path.abspath(vocab_path(args))
+  sources.set_data_dir(os.path.abspath(args.data_dir))
+  with gin.unlock_config():
+    gin.bind_parameter("prompt_jax.length_buckets.num_buckets", num_buckets)
+
+
+def _lengths(args) -> Dict[str, int]:
+  return {"inputs": args.inputs, "targets": args.targets}
+
+
+def _train_stream(args, num_buckets: int):
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  _setup_data(args, num_buckets)
+  cfg = data_lib.DatasetConfig(mixture_or_task_name=TASK, task_feature_lengths=_lengths(args),
+                               split="train", batch_size=args.batch, shuffle=True, seed=0)
+  return data_lib.TrainStream(cfg, 1, (0, args.batch))
+
+
+def epoch_steps(args, examples: int) -> int:
+  steps = examples // args.batch  # the training stream drops the last partial batch
+  return min(steps, args.max_steps) if args.max_steps else steps
+
+
+def _num_examples(split: str) -> int:
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  return int(data_lib.get_task(TASK).num_input_examples(split))
+
+
+def _validation_inputs(args) -> np.ndarray:
+  """[N, --inputs] encoder tokens of RTE validation (EOS-terminated, 0-padded)."""
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  _setup_data(args, 0)
+  cfg = data_lib.DatasetConfig(mixture_or_task_name=TASK, task_feature_lengths=_lengths(args),
+                               split="validation", batch_size=1, shuffle=False)
+  rows = [b["encoder_input_tokens"][0] for b in data_lib.numpy_batches(
+      data_lib.get_dataset(cfg, num_epochs=1, shard_id=0, num_shards=1))]
+  return np.stack(rows).astype(np.int32)
+
+
+# ===== epoch =====
+
+def epoch_ours(args, setup) -> Dict[str, float]:
+  """One epoch of our training pipeline + step. `setup(example_batch)` -> (step, state)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  stream = _train_stream(args, args.buckets)
+  steps = epoch_steps(args, _num_examples("train"))
+  first = next(stream)
+  step, holder = setup(first)
+  shapes = set()
+  compiling = 0.0  # seconds of the steps that compiled a new shape
+  start = time.perf_counter()
+  batch = first
+  for i in range(steps):
+    if i:
+      batch = next(stream)
+    shape = tuple(v.shape for v in batch.values())
+    began = time.perf_counter()
+    holder["state"], metrics = step(holder["state"], batch)
+    jax.block_until_ready(metrics["loss"])
+    if shape not in shapes:
+      shapes.add(shape)
+      compiling += time.perf_counter() - began
+  seconds = time.perf_counter() - start
+  return {"seconds": seconds, "steps": steps, "programs": len(shapes),
+          "compiling_seconds": compiling, "real_tokens": stream.tokens_real,
+          "processed_tokens": stream.tokens_processed}
+
+
+def epoch_peft(args, model_and_optimizer) -> Dict[str, float]:
+  """One epoch of HF PEFT on the same rows, padded per batch by DataCollatorForSeq2Seq."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  stream = _train_stream(args, 0)
+  steps = epoch_steps(args, _num_examples("train"))
+  rows: List[List[Dict[str, List[int]]]] = []
+  for _ in range(steps):  # pre-tokenised rows without padding, as `datasets.map` caches them
+    b = next(stream)
+    rows.append([{"input_ids": [int(t) for t in enc if t], "labels": [int(t) for t in tgt if t]}
+                 for enc, tgt in zip(b["encoder_input_tokens"], b["decoder_target_tokens"])])
+  # The collator only pads (pad id 0, labels -100): the ids come from the seqio task above.
+  collator = transformers.DataCollatorForSeq2Seq(
+      transformers.T5Tokenizer(vocab_file=vocab_path(args)), padding="longest",
+      label_pad_token_id=-100, return_tensors="pt")
+  model, opt = model_and_optimizer()
+  real = processed = 0
+  start = time.perf_counter()
+  for batch_rows in rows:
+    batch = collator(batch_rows)
+    real += int(torch.count_nonzero(batch["input_ids"]) + torch.count_nonzero(
+        batch["labels"] >= 0))
+    processed += batch["input_ids"].numel() + batch["labels"].numel()
+    loss = model(**batch).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+  seconds = time.perf_counter() - start
+  return {"seconds": seconds, "steps": len(rows), "real_tokens": real,
+          "processed_tokens": processed}
+
+
+# ===== eval =====
+
+def _label_ids(args) -> np.ndarray:
+  from prompt_jax import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.tasks import registration  # pylint: disable=g-import-not-at-top
+  return inference.label_tokens(list(registration.label_set(TASK)), vocab_lib.get_vocabulary())
+
+
+def _batches_of(x: np.ndarray, args) -> Iterator[np.ndarray]:
+  n = x.shape[0] if not args.max_steps else min(x.shape[0], args.max_steps * args.batch)
+  for begin in range(0, n, args.batch):
+    yield x[begin:begin + args.batch]
+
+
+def eval_ours(args, run) -> Dict[str, float]:
+  """Rank classification and greedy decoding of RTE validation through evaluation.inference."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  inputs = _validation_inputs(args)
+  if args.max_steps:
+    inputs = inputs[:args.max_steps * args.batch]
+  label_ids = _label_ids(args)
+  with gin.unlock_config():
+    gin.bind_parameter("prompt_jax.length_buckets.num_buckets", args.buckets)
+  out = {"examples": int(inputs.shape[0])}
+  # Each timed once after one untimed pass (compiles every bucket program on the way).
+  for name, fn in (("rank_seconds", lambda: inference.label_scores(
+      run, inputs, label_ids, batch_size=args.batch)),
+                   ("greedy_seconds", lambda: inference.decode_rows(
+                       run, inputs, batch_size=args.batch, max_decode_length=args.targets,
+                       eos_id=-1)[0])):
+    fn()
+    start = time.perf_counter()
+    fn()
+    out[name] = time.perf_counter() - start
+  return out
+
+
+def eval_peft(args, model) -> Dict[str, float]:
+  """PEFT `generate` (greedy, exactly --targets new tokens) on RTE validation."""
+  import torch  # pylint: disable=g-import-not-at-top
+  inputs = _validation_inputs(args)
+  if args.max_steps:
+    inputs = inputs[:args.max_steps * args.batch]
+  model.eval()
+
+  def run():
+    with torch.no_grad():
+      for rows in _batches_of(inputs, args):
+        width = max(int(np.count_nonzero(r)) for r in rows)  # dynamic padding: the longest
+        ids = torch.tensor(rows[:, :width], dtype=torch.long)
+        model.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
+                       num_beams=1, max_new_tokens=args.targets, min_new_tokens=args.targets)
+
+  run()  # warm-up, as ours
+  start = time.perf_counter()
+  run()
+  return {"examples": int(inputs.shape[0]), "generate_seconds": time.perf_counter() - start}
