@@ -190,6 +190,18 @@ def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32) -> Option
   return mask.astype(dtype)
 
 
+def attention_bias(mask: Optional[Array], bias: Optional[Array],
+                   dtype: DType = jnp.float32) -> Optional[Array]:
+  """The additive attention bias: 0 where `mask` [batch, 1, q, k] is set, -1e10 where not, plus
+  `bias` (T5's relative-position bias [1, heads, q, k]); None if both are None. The stacks
+  compute it once for all their layers (it depends on neither the layer nor its inputs)."""
+  masked = None
+  if mask is not None:
+    masked = lax.select(mask > 0, jnp.zeros(mask.shape, dtype),
+                        jnp.full(mask.shape, -1e10).astype(dtype))
+  return combine_biases(masked, bias)
+
+
 def combine_biases(*biases: Optional[Array]) -> Optional[Array]:
   biases = [b for b in biases if b is not None]
   if not biases:
@@ -247,16 +259,11 @@ class MultiHeadDotProductAttention(nn.Module):
         zeros = jnp.zeros(bias.shape[:-1] + (prefix,), bias.dtype)  # [1, heads, q, prefix]
         bias = jnp.concatenate([zeros, bias], axis=-1)
 
-    attention_bias = None
-    if mask is not None:
-      attention_bias = lax.select(mask > 0, jnp.zeros(mask.shape, self.dtype),
-                                  jnp.full(mask.shape, -1e10).astype(self.dtype))
-    attention_bias = combine_biases(attention_bias, bias)
-
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    x = dot_product_attention(query, key, value, bias=attention_bias, dropout_rng=dropout_rng,
+    x = dot_product_attention(query, key, value, bias=attention_bias(mask, bias, self.dtype),
+                              dropout_rng=dropout_rng,
                               dropout_rate=self.dropout_rate, deterministic=deterministic,
                               dtype=self.dtype, float32_logits=self.float32_logits,
                               implementation=self.implementation)

@@ -108,17 +108,16 @@ def _relpos(config: T5Config) -> layers.RelativePositionBiases:
 
 
 class EncoderLayer(nn.Module):
+  """`attention_bias` [batch|1, heads, T, T]: the stack's mask and relative-position bias, added
+  to the attention logits (`layers.attention_bias`, computed once per stack)."""
   config: T5Config
-  relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, inputs: Array, encoder_mask: Optional[Array] = None,
+  def __call__(self, inputs: Array, attention_bias: Optional[Array] = None,
                kv_prefix: Optional[layers.KVPrefix] = None, deterministic: bool = True) -> Array:
     cfg = self.config
-    length = inputs.shape[-2]
-    encoder_bias = self.relative_embedding(length, length, True)  # [1, heads, T, T]
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_attention_layer_norm")(inputs)
-    x = _attention(cfg, "attention")(x, x, encoder_mask, encoder_bias, kv_prefix=kv_prefix,
+    x = _attention(cfg, "attention")(x, x, None, attention_bias, kv_prefix=kv_prefix,
                                      deterministic=deterministic)  # [batch, length, embed]
     x = _dropout(cfg)(x, deterministic=deterministic) + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(x)
@@ -128,23 +127,25 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+  """`self_bias` [batch|1, heads, L, L] and `cross_bias` [batch, 1, L, T']: the stack's masks
+  (and relative-position bias) as additive attention biases, computed once per stack. When
+  decoding with the cache, `self_bias` is the [1, heads, max_len, max_len] relative-position
+  bias alone; the attention takes the current step's row and masks the unfilled cache."""
   config: T5Config
-  relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, inputs: Array, encoded: Array, decoder_mask: Optional[Array] = None,
-               encoder_decoder_mask: Optional[Array] = None, deterministic: bool = True,
+  def __call__(self, inputs: Array, encoded: Array, self_bias: Optional[Array] = None,
+               cross_bias: Optional[Array] = None, deterministic: bool = True,
                decode: bool = False, max_decode_length: Optional[int] = None,
                kv_prefix: Optional[layers.KVPrefix] = None) -> Array:
     cfg = self.config
-    length = max_decode_length if decode and max_decode_length else inputs.shape[-2]
-    decoder_bias = self.relative_embedding(length, length, False)  # [1, heads, L, L]
+    del max_decode_length  # the stack sized `self_bias` by it
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(inputs)
-    x = _attention(cfg, "self_attention")(x, x, decoder_mask, decoder_bias, kv_prefix=kv_prefix,
+    x = _attention(cfg, "self_attention")(x, x, None, self_bias, kv_prefix=kv_prefix,
                                           decode=decode, deterministic=deterministic)
     x = _dropout(cfg)(x, deterministic=deterministic) + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(x)
-    y = _attention(cfg, "encoder_decoder_attention")(y, encoded, encoder_decoder_mask,
+    y = _attention(cfg, "encoder_decoder_attention")(y, encoded, None, cross_bias,
                                                      deterministic=deterministic)
     y = _dropout(cfg)(y, deterministic=deterministic) + x
     z = layers.LayerNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(y)
@@ -182,8 +183,7 @@ class Encoder(nn.Module):
     cfg = self.config
     self.relpos_bias = _relpos(cfg)
     layer_cls = _maybe_remat(EncoderLayer, cfg)
-    self.layers = [layer_cls(cfg, self.relpos_bias, name=f"layers_{i}")
-                   for i in range(cfg.num_encoder_layers)]
+    self.layers = [layer_cls(cfg, name=f"layers_{i}") for i in range(cfg.num_encoder_layers)]
     self.encoder_norm = layers.LayerNorm(dtype=cfg.dtype)
     self.dropout = _dropout(cfg)
     self.prompt_module = self.prompt(name="prompt") if self.prompt else None
@@ -200,12 +200,19 @@ class Encoder(nn.Module):
     """[B, H]: the frozen layers + final norm on the raw input (no prompt, no hook, no dropout),
     pooled by `representation_pooling`; no gradient flows into it."""
     cfg = self.config
-    mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    bias = self.attention_bias(layers.make_attention_mask(valid, valid, dtype=cfg.dtype),
+                               valid.shape[-1])
     x = embedded.astype(cfg.dtype)
     for layer in self.layers:
-      x = layer(x, mask, None, True)  # [B, T, H]
+      x = layer(x, bias, None, True)  # [B, T, H]
     x = self.encoder_norm(x)
     return jax.lax.stop_gradient(pool(x, valid, self.representation_pooling))
+
+  def attention_bias(self, mask: Array, length: int) -> Array:
+    """[batch, heads, T, T]: `mask` [batch, 1, T, T] and the relative-position bias, once for
+    every layer."""
+    relpos = self.relpos_bias(length, length, True)  # [1, heads, T, T]
+    return layers.attention_bias(mask, relpos, self.config.dtype)
 
   def context(self, encoder_input_tokens: Array, embedded: Array,
               prompt_representation: Optional[Array] = None,
@@ -250,13 +257,14 @@ class Encoder(nn.Module):
       encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = self.dropout(x, deterministic=deterministic)
     x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
+    bias = self.attention_bias(encoder_mask, x.shape[-2])  # [batch, heads, T', T']
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:
         ctx = LayerContext(layer=i, x=x, valid=valid, prompt_slots=slots, inputs=inputs,
                            prompt_method=method)
         x, kv_prefix = self.layer_prompt_module(ctx, deterministic=deterministic)
-      x = layer(x, encoder_mask, kv_prefix, deterministic)
+      x = layer(x, bias, kv_prefix, deterministic)
     x = self.encoder_norm(x)
     return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
 
@@ -272,7 +280,10 @@ class Decoder(nn.Module):
                deterministic: bool = True, decode: bool = False,
                max_decode_length: Optional[int] = None) -> Array:
     cfg = self.config
-    rel_emb = _relpos(cfg)
+    length = max_decode_length if decode and max_decode_length else decoder_input_tokens.shape[-1]
+    relpos = _relpos(cfg)(length, length, False)  # [1, heads, L, L]
+    self_bias = layers.attention_bias(decoder_mask, relpos, cfg.dtype)  # [batch|1, heads, L, L]
+    cross_bias = layers.attention_bias(encoder_decoder_mask, None, cfg.dtype)  # [batch, 1, L, T']
     y = self.shared_embedding(decoder_input_tokens.astype("int32"))  # [batch, S, embed]
     y = _dropout(cfg)(y, deterministic=deterministic)
     y = layers.constrain(y.astype(cfg.dtype), ("batch", "length", "embed"))
@@ -282,9 +293,8 @@ class Decoder(nn.Module):
       kv_prefix = None
       if hook is not None:
         y, kv_prefix = hook(LayerContext(layer=i, x=y), deterministic=deterministic)
-      y = layer_cls(cfg, rel_emb, name=f"layers_{i}")(
-          y, encoded, decoder_mask, encoder_decoder_mask, deterministic, decode,
-          max_decode_length, kv_prefix)
+      y = layer_cls(cfg, name=f"layers_{i}")(
+          y, encoded, self_bias, cross_bias, deterministic, decode, max_decode_length, kv_prefix)
     y = layers.LayerNorm(dtype=cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:

@@ -150,10 +150,11 @@ def _bank_encoder(module, tokens: Array, table: Array, lengths: Array, placement
       x, valid = jnp.where(use[..., None], xp, x), jnp.where(use, vp, valid)
   if ragged:
     x, valid = compact(x, valid)
-  mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
   x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
+  bias = encoder.attention_bias(layers.make_attention_mask(valid, valid, dtype=cfg.dtype),
+                                x.shape[-2])  # [R, heads, T', T'], once for all layers
   for layer in encoder.layers:
-    x = layer(x, mask, None, True)
+    x = layer(x, bias, None, True)
   return encoder.encoder_norm(x), valid  # [R, T', H], [R, T']
 
 

@@ -244,3 +244,32 @@ def test_remat_policies_keep_less_and_give_the_same_prompt_gradient():
   assert kept["none"] > kept["dots"] > kept["minimal"] > kept["full"] > 0, kept
   with pytest.raises(ValueError, match="remat_policy must be one of none, minimal, dots, full"):
     TINY.replace(remat_policy="everything")
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_relative_position_bias_is_computed_once_per_stack(remat, monkeypatch):
+  """Issue 11: the mask and relative-position bias are turned into one additive attention bias
+  per stack, not per layer (4 + 4 layers: 1 bias in the encoder, 1 in the decoder), also under
+  remat and through the prompt-tuning gradient; the layers see the same values."""
+  from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
+  calls = []
+  original = layers.RelativePositionBiases.__call__
+
+  def counting(self, qlen, klen, bidirectional=True):
+    calls.append((qlen, klen, bidirectional))
+    return original(self, qlen, klen, bidirectional)
+
+  monkeypatch.setattr(layers.RelativePositionBiases, "__call__", counting)
+  config = TINY.replace(num_encoder_layers=4, num_decoder_layers=4, remat_policy=remat)
+  model = T5(config, prompt=prompt_factory(functools.partial(PromptTuning, length=3), 3))
+  enc, dec_in, tgt = _batch()
+  params = _init(model)["params"]
+  calls.clear()
+
+  def loss(prompt):
+    p = dict(params, encoder=dict(params["encoder"], prompt=prompt))
+    return jnp.sum(model.apply({"params": p}, enc, dec_in, tgt, enable_dropout=False) ** 2)
+
+  jax.grad(loss)(params["encoder"]["prompt"])
+  # T' = 7 inputs + 3 prompt positions; targets 4.
+  assert calls == [(10, 10, True), (4, 4, False)], calls
