@@ -130,9 +130,11 @@ def _our_model(args, config):
       functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
 
 
-def _our_train_setup(args, batch):
+def _our_train_setup(args, batch, compiled_for=None):
   """(step(state, batch) -> (state, metrics), {"state": state}): our jitted prompt-tuning step
-  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init."""
+  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init.
+  `compiled_for`: a dict that receives the step compiled ahead of time for `batch`'s shapes
+  ("flops": XLA's cost analysis of it); the step then runs that program."""
   import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax import trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
@@ -146,20 +148,43 @@ def _our_train_setup(args, batch):
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
   step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
   rng = jax.random.PRNGKey(1)
+  if compiled_for is not None:
+    compiled = step_fn.lower(state, frozen, batch, rng).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    compiled_for["flops"] = float((cost or {}).get("flops", 0.0))
+    step_fn = compiled
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
+
+
+def _matmul_peak_flops() -> float:
+  """FLOP/s of one large matmul on the default device, measured here (the MFU denominator):
+  bfloat16 8192^3 on accelerators (the issue's 864 TFLOP/s on an H100), float32 1024^3 on CPU."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  on_cpu = jax.default_backend() == "cpu"
+  n, dtype = (1024, jnp.float32) if on_cpu else (8192, jnp.bfloat16)
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+  matmul = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(matmul(a, a))
+  seconds = statistics.median(_time(lambda: jax.block_until_ready(matmul(a, a)), 5))
+  return 2.0 * n ** 3 / seconds
 
 
 def _ours(args) -> Dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   batch = _batch(args, _config(args).vocab_size)
-  step, holder = _our_train_setup(args, batch)
+  compiled: Dict[str, float] = {}
+  step, holder = _our_train_setup(args, batch, compiled_for=compiled)
 
   def one():
     holder["state"], metrics = step(holder["state"], batch)
     jax.block_until_ready(metrics["loss"])
 
-  _time(one, 2)  # compile + warm-up
-  return {"seconds_per_step": statistics.median(_time(one, args.steps))}
+  _time(one, 2)  # warm-up
+  seconds = statistics.median(_time(one, args.steps))
+  return {"seconds_per_step": seconds, "flops_per_step": compiled["flops"],
+          "matmul_peak_flops": _matmul_peak_flops()}
 
 
 def _hf_model(args):
@@ -171,10 +196,22 @@ def _hf_model(args):
       num_layers=c.num_encoder_layers, num_decoder_layers=c.num_decoder_layers,
       num_heads=c.num_heads, feed_forward_proj="gated-gelu" if c.is_gated else "relu",
       dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-  model = transformers.T5ForConditionalGeneration(hf_config)
+  model = transformers.T5ForConditionalGeneration(hf_config).to(torch_device())
   for p in model.parameters():
     p.requires_grad_(False)
   return model
+
+
+def torch_device() -> str:
+  """Where the torch reference runs: the GPU when there is one (as ours does), else the CPU."""
+  import torch  # pylint: disable=g-import-not-at-top
+  return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_sync() -> None:
+  import torch  # pylint: disable=g-import-not-at-top
+  if torch.cuda.is_available():
+    torch.cuda.synchronize()
 
 
 def _adafactor(params):
@@ -197,7 +234,7 @@ def _peft_model(args):
 def _torch_batch(args):
   """(the bench batch as torch tensors, labels with padding as -100)."""
   import torch  # pylint: disable=g-import-not-at-top
-  batch = {k: torch.tensor(v, dtype=torch.long)
+  batch = {k: torch.tensor(v, dtype=torch.long, device=torch_device())
            for k, v in _batch(args, _config(args).vocab_size).items()}
   targets = batch["decoder_target_tokens"]
   return batch, targets.masked_fill(targets == 0, -100)
@@ -208,6 +245,7 @@ def _timed_torch_steps(args, loss_fn, opt) -> Dict[str, float]:
     loss_fn().backward()
     opt.step()
     opt.zero_grad()
+    torch_sync()
 
   _time(one, 2)
   return {"seconds_per_step": statistics.median(_time(one, args.steps))}
@@ -228,12 +266,13 @@ def _torch(args) -> Dict[str, float]:
   import torch  # pylint: disable=g-import-not-at-top
   model = _hf_model(args)
   model.train()
-  prompt = torch.nn.Parameter(torch.rand(args.prompt_length, _config(args).emb_dim) * 0.5)
+  prompt = torch.nn.Parameter(
+      torch.rand(args.prompt_length, _config(args).emb_dim, device=torch_device()) * 0.5)
   opt = _adafactor([prompt])
   batch, labels = _torch_batch(args)
   enc = batch["encoder_input_tokens"]
-  mask = torch.cat([torch.ones(args.batch, args.prompt_length, dtype=torch.long),
-                    (enc > 0).long()], dim=1)
+  mask = torch.cat([torch.ones(args.batch, args.prompt_length, dtype=torch.long,
+                               device=enc.device), (enc > 0).long()], dim=1)
 
   def loss():
     embedded = model.shared(enc)
@@ -282,8 +321,22 @@ SIDES = {("train_step", "ours"): _ours, ("train_step", "torch"): _torch,
 def _side(args) -> int:
   result = SIDES[(args.what, args.side)](args)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  peak = _peak_device_bytes(args.side)
+  if peak:
+    result["peak_device_mb"] = peak / 2**20
   print("BENCH_RESULT " + json.dumps(result), flush=True)
   return 0
+
+
+def _peak_device_bytes(side: str) -> float:
+  """Peak accelerator memory of this side's process (0 on CPU, where peak RSS says it)."""
+  if side == "ours":
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.default_backend() == "cpu":
+      return 0.0
+    return float((jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
+  import torch  # pylint: disable=g-import-not-at-top
+  return float(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0.0
 
 
 def _run_side(side: str, argv: Sequence[str], xla_flags: str = "") -> Dict[str, float]:
@@ -348,12 +401,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   try:
     ours = _run_side("ours", side_argv, args.xla_flags)
     say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
-        f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB")
+        f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB"
+        f"{_device_memory(ours)}")
+    say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (XLA's "
+        f"cost analysis) per step / the {ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one "
+        f"large matmul measured in the same run")
     ref = None
     if reference != "none":
       ref = _run_side(reference, side_argv)
       say(f"  {_REFERENCE_NAMES[reference]()}: {ref['seconds_per_step']:.3f} s/step, "
-          f"peak RSS {ref['peak_rss_mb']:.0f} MB")
+          f"peak RSS {ref['peak_rss_mb']:.0f} MB{_device_memory(ref)}")
       say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
           f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
   except RuntimeError as e:
@@ -377,6 +434,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _record(args.record, argv, lines)
     print(f"recorded in {args.record}")
   return 0
+
+
+def _mfu(side) -> float:
+  return side["flops_per_step"] / side["seconds_per_step"] / max(side["matmul_peak_flops"], 1.0)
+
+
+def _device_memory(side) -> str:
+  peak = side.get("peak_device_mb")
+  return f", peak device memory {peak:.0f} MB" if peak else ""
 
 
 def _version(name: str) -> str:

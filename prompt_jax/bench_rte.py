@@ -161,11 +161,12 @@ def epoch_peft(args, model_and_optimizer) -> Dict[str, float]:
   collator = transformers.DataCollatorForSeq2Seq(
       transformers.T5Tokenizer(vocab_file=vocab_path(args)), padding="longest",
       label_pad_token_id=-100, return_tensors="pt")
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   model, opt = model_and_optimizer()
   real = processed = 0
   start = time.perf_counter()
   for batch_rows in rows:
-    batch = collator(batch_rows)
+    batch = {k: v.to(bench.torch_device()) for k, v in collator(batch_rows).items()}
     real += int(torch.count_nonzero(batch["input_ids"]) + torch.count_nonzero(
         batch["labels"] >= 0))
     processed += batch["input_ids"].numel() + batch["labels"].numel()
@@ -173,6 +174,7 @@ def epoch_peft(args, model_and_optimizer) -> Dict[str, float]:
     loss.backward()
     opt.step()
     opt.zero_grad()
+  bench.torch_sync()
   seconds = time.perf_counter() - start
   return {"seconds": seconds, "steps": len(rows), "real_tokens": real,
           "processed_tokens": processed}
@@ -220,6 +222,7 @@ def eval_ours(args, run) -> Dict[str, float]:
 def eval_peft(args, model) -> Dict[str, float]:
   """PEFT `generate` (greedy, exactly --targets new tokens) on RTE validation."""
   import torch  # pylint: disable=g-import-not-at-top
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   inputs = _validation_inputs(args)
   if args.max_steps:
     inputs = inputs[:args.max_steps * args.batch]
@@ -229,9 +232,10 @@ def eval_peft(args, model) -> Dict[str, float]:
     with torch.no_grad():
       for rows in _batches_of(inputs, args):
         width = max(int(np.count_nonzero(r)) for r in rows)  # dynamic padding: the longest
-        ids = torch.tensor(rows[:, :width], dtype=torch.long)
+        ids = torch.tensor(rows[:, :width], dtype=torch.long, device=bench.torch_device())
         model.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
                        num_beams=1, max_new_tokens=args.targets, min_new_tokens=args.targets)
+    bench.torch_sync()
 
   run()  # warm-up, as ours
   start = time.perf_counter()

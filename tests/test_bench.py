@@ -15,6 +15,11 @@ def test_bench_reports_time_and_memory_ratios(capsys):
   assert re.search(r"prompt_jax \(jit\): +[0-9.]+ s/step, peak RSS \d+ MB", out)
   assert re.search(r"HF torch .*: [0-9.]+ s/step", out)
   assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
+  mfu = re.search(r"MFU ([0-9.]+)%: the step's ([0-9.e+-]+) TFLOP .* the ([0-9.e+-]+) TFLOP/s",
+                  out)
+  assert mfu, out
+  # A step of this tiny model does work (XLA counted it), and no more than the machine can do.
+  assert float(mfu.group(2)) > 0 and float(mfu.group(3)) > 0 and 0 < float(mfu.group(1)) <= 100
 
 
 def test_bench_rejects_unknown_preset(capsys):
