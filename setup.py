@@ -33,7 +33,7 @@ TEST_REQUIRES = [
     "torch==2.13.0",
     "transformers>=5,<6",
     "safetensors>=0.4",
-    "peft>=0.21",          # export --format=peft round trip (tests/evaluation/test_peft_export.py)
+    "peft>=0.21",          # export --format=peft round trip; the bench's PEFT reference
 ]
 
 # What t5x needs beyond prompt_jax's own requirements, for `python -m t5x.train` with
