@@ -108,14 +108,13 @@ def _time(step, n: int) -> List[float]:
   return times
 
 
-def _our_params(args, config, model, batch):
+def _our_params(model, batch):
   """Random parameters of `model`, filled array by array with keys as arguments: a jitted
   whole-model init with a constant key is what made T5 1.1 base take minutes to start
   (models/random_init.py)."""
   import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax import trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.models import random_init  # pylint: disable=g-import-not-at-top
-  del args, config
   inits = random_init.initialisers(
       model, batch["encoder_input_tokens"][:1], batch["decoder_input_tokens"][:1],
       batch["decoder_target_tokens"][:1], enable_dropout=False)
@@ -142,7 +141,7 @@ def _our_train_setup(args, batch, compiled_for=None):
 
   config = _config(args)
   model = _our_model(args, config)
-  params = _our_params(args, config, model, batch)
+  params = _our_params(model, batch)
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   tx = optimizers.adafactor().tx
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
@@ -300,7 +299,7 @@ def _eval_ours(args) -> Dict[str, float]:
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   config = _config(args)
   model = _our_model(args, config)
-  params = _our_params(args, config, model, _batch(args, config.vocab_size))
+  params = _our_params(model, _batch(args, config.vocab_size))
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   run = types.SimpleNamespace(model=model, trainable=trainable, frozen=frozen,
                               mesh=partitioning.create_mesh(1))
@@ -383,57 +382,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines.append(line)
     print(line, flush=True)
 
-  if args.what in ("epoch", "eval"):
-    try:
-      (_epoch if args.what == "epoch" else _eval)(args, argv, reference, say)
-    except RuntimeError as e:
-      print(f"prompt-jax bench: error: {e}", file=sys.stderr)
-      return 1
-    if args.record:
-      _record(args.record, argv, lines)
-      print(f"recorded in {args.record}")
-    return 0
+  try:
+    {"train_step": _train_step, "epoch": _epoch, "eval": _eval}[args.what](
+        args, argv, reference, say)
+  except RuntimeError as e:
+    print(f"prompt-jax bench: error: {e}", file=sys.stderr)
+    return 1
+  if args.record:
+    _record(args.record, argv, lines)
+    print(f"recorded in {args.record}")
+  return 0
+
+
+def _train_step(args, argv, reference, say) -> None:
+  """Our step, the reference's, their ratios, and with --flag_sweep our step per flag set.
+  A side that fails raises RuntimeError; a flag set XLA rejects is reported as not run."""
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
            f"{args.targets} targets, float32")
   say(f"train_step: {shape}")
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
-  try:
-    ours = _run_side("ours", side_argv, args.xla_flags)
-    say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
-        f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB"
-        f"{_device_memory(ours)}")
-    say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (XLA's "
-        f"cost analysis) per step / the {ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one "
-        f"large matmul measured in the same run")
-    ref = None
-    if reference != "none":
-      ref = _run_side(reference, side_argv)
-      say(f"  {_REFERENCE_NAMES[reference]()}: {ref['seconds_per_step']:.3f} s/step, "
-          f"peak RSS {ref['peak_rss_mb']:.0f} MB{_device_memory(ref)}")
-      say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
-          f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
-  except RuntimeError as e:
-    print(f"prompt-jax bench: error: {e}", file=sys.stderr)
-    return 1
-  if args.flag_sweep:
-    say("  XLA flag sweep (our side; speed = default time / this time"
-        f"{f', {reference} = {reference} time / this time' if ref else ''}):")
-    for name, flags in CPU_FLAG_SETS[1:]:
-      try:
-        r = _run_side("ours", side_argv, f"{args.xla_flags} {flags}".strip())
-      except RuntimeError as e:
-        say(f"    {name:28s} {flags}: not run ({str(e).split(': ', 1)[-1][:120]})")
-        continue
-      vs_torch = (f", {reference} {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
-                  if ref else "")
-      say(f"    {name:28s} {flags}: {r['seconds_per_step']:.3f} s/step, speed "
-          f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}x{vs_torch}, "
-          f"peak RSS {r['peak_rss_mb']:.0f} MB")
-  if args.record:
-    _record(args.record, argv, lines)
-    print(f"recorded in {args.record}")
-  return 0
+  ours = _run_side("ours", side_argv, args.xla_flags)
+  say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
+      f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB"
+      f"{_device_memory(ours)}")
+  say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (XLA's "
+      f"cost analysis) per step / the {ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one "
+      f"large matmul measured in the same run")
+  ref = None
+  if reference != "none":
+    ref = _run_side(reference, side_argv)
+    say(f"  {_REFERENCE_NAMES[reference]()}: {ref['seconds_per_step']:.3f} s/step, "
+        f"peak RSS {ref['peak_rss_mb']:.0f} MB{_device_memory(ref)}")
+    say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
+        f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+  if not args.flag_sweep:
+    return
+  say("  XLA flag sweep (our side; speed = default time / this time"
+      f"{f', {reference} = {reference} time / this time' if ref else ''}):")
+  for name, flags in CPU_FLAG_SETS[1:]:
+    try:
+      r = _run_side("ours", side_argv, f"{args.xla_flags} {flags}".strip())
+    except RuntimeError as e:
+      say(f"    {name:28s} {flags}: not run ({str(e).split(': ', 1)[-1][:120]})")
+      continue
+    vs_ref = (f", {reference} {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
+              if ref else "")
+    say(f"    {name:28s} {flags}: {r['seconds_per_step']:.3f} s/step, speed "
+        f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}x{vs_ref}, "
+        f"peak RSS {r['peak_rss_mb']:.0f} MB")
 
 
 def _mfu(side) -> float:

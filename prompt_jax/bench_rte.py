@@ -26,9 +26,10 @@ programs compiled, peak RSS, and the ratios. Figures, never assertions.
   prompt-jax bench epoch --data_dir=../shared/data --batch=32
   prompt-jax bench eval --data_dir=../shared/data --batch=32
 """
+import itertools
 import os
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, List
 
 import numpy as np
 
@@ -107,14 +108,16 @@ def _num_examples(split: str) -> int:
 
 
 def _validation_inputs(args) -> np.ndarray:
-  """[N, --inputs] encoder tokens of RTE validation (EOS-terminated, 0-padded)."""
+  """[N, --inputs] encoder tokens of RTE validation (EOS-terminated, 0-padded), the first
+  --max_steps batches of them if given; also sets our length buckets for the eval."""
   from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  _setup_data(args, 0)
+  _setup_data(args, args.buckets)
   cfg = data_lib.DatasetConfig(mixture_or_task_name=TASK, task_feature_lengths=_lengths(args),
                                split="validation", batch_size=1, shuffle=False)
   rows = [b["encoder_input_tokens"][0] for b in data_lib.numpy_batches(
       data_lib.get_dataset(cfg, num_epochs=1, shard_id=0, num_shards=1))]
-  return np.stack(rows).astype(np.int32)
+  inputs = np.stack(rows).astype(np.int32)
+  return inputs[:args.max_steps * args.batch] if args.max_steps else inputs
 
 
 # ===== epoch =====
@@ -129,10 +132,7 @@ def epoch_ours(args, setup) -> Dict[str, float]:
   shapes = set()
   compiling = 0.0  # seconds of the steps that compiled a new shape
   start = time.perf_counter()
-  batch = first
-  for i in range(steps):
-    if i:
-      batch = next(stream)
+  for _, batch in zip(range(steps), itertools.chain([first], stream)):
     shape = tuple(v.shape for v in batch.values())
     began = time.perf_counter()
     holder["state"], metrics = step(holder["state"], batch)
@@ -189,22 +189,11 @@ def _label_ids(args) -> np.ndarray:
   return inference.label_tokens(list(registration.label_set(TASK)), vocab_lib.get_vocabulary())
 
 
-def _batches_of(x: np.ndarray, args) -> Iterator[np.ndarray]:
-  n = x.shape[0] if not args.max_steps else min(x.shape[0], args.max_steps * args.batch)
-  for begin in range(0, n, args.batch):
-    yield x[begin:begin + args.batch]
-
-
 def eval_ours(args, run) -> Dict[str, float]:
   """Rank classification and greedy decoding of RTE validation through evaluation.inference."""
-  import gin  # pylint: disable=g-import-not-at-top
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   inputs = _validation_inputs(args)
-  if args.max_steps:
-    inputs = inputs[:args.max_steps * args.batch]
   label_ids = _label_ids(args)
-  with gin.unlock_config():
-    gin.bind_parameter("prompt_jax.length_buckets.num_buckets", args.buckets)
   out = {"examples": int(inputs.shape[0])}
   # Each timed once after one untimed pass (compiles every bucket program on the way).
   for name, fn in (("rank_seconds", lambda: inference.label_scores(
@@ -223,15 +212,15 @@ def eval_peft(args, model) -> Dict[str, float]:
   """PEFT `generate` (greedy, exactly --targets new tokens) on RTE validation."""
   import torch  # pylint: disable=g-import-not-at-top
   from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   inputs = _validation_inputs(args)
-  if args.max_steps:
-    inputs = inputs[:args.max_steps * args.batch]
   model.eval()
 
   def run():
     with torch.no_grad():
-      for rows in _batches_of(inputs, args):
-        width = max(int(np.count_nonzero(r)) for r in rows)  # dynamic padding: the longest
+      for begin in range(0, inputs.shape[0], args.batch):
+        rows = inputs[begin:begin + args.batch]
+        width = data_lib.used_length(rows)  # dynamic padding: to the longest row
         ids = torch.tensor(rows[:, :width], dtype=torch.long, device=bench.torch_device())
         model.generate(input_ids=ids, attention_mask=(ids > 0).long(), do_sample=False,
                        num_beams=1, max_new_tokens=args.targets, min_new_tokens=args.targets)

@@ -91,8 +91,8 @@ def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
   for begin in range(0, encoder_inputs.shape[0], batch_size):
     cut = None
     if buckets is not None:
-      used = data_lib.used_length(encoder_inputs[begin:begin + batch_size])
-      cut = next(b for b in buckets if b >= used)
+      cut = data_lib.bucket_for(data_lib.used_length(encoder_inputs[begin:begin + batch_size]),
+                                buckets)
     n, enc = global_rows(encoder_inputs, begin, cut)
     ids = None if task_ids is None else global_rows(np.asarray(task_ids), begin)[1]
     yield n, enc, ids

@@ -282,6 +282,11 @@ def bucket_lengths(feature_length: int, num_buckets: int, multiple: int = 8) -> 
   return tuple(sorted(lengths | {feature_length}))
 
 
+def bucket_for(length: int, buckets: Tuple[int, ...]) -> int:
+  """The smallest of `buckets` (ascending, the last the full length) holding `length`."""
+  return next(b for b in buckets if b >= length)
+
+
 def used_length(tokens: np.ndarray) -> int:
   """1 + the last non-padding column of a [rows, length] batch (0 if all padding)."""
   nonzero = np.flatnonzero(np.any(tokens != 0, axis=0))
@@ -299,7 +304,7 @@ def trim_to_buckets(batch: Mapping[str, np.ndarray], buckets: Mapping[str, Tuple
   for name, length_name in _BUCKETED.items():
     if name not in batch:
       continue
-    target = next(b for b in buckets[length_name] if b >= needed[length_name])
+    target = bucket_for(needed[length_name], buckets[length_name])
     out[name] = batch[name][:, :target]
   return out
 
