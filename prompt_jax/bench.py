@@ -13,6 +13,9 @@ timed steps, after warm-up/compilation), peak resident memory, and the ratios ou
   prompt-jax bench train_step --preset=t5_1_1_small --batch=8 --inputs=512 --targets=8 \
       [--reference=peft]
 
+`--dtype=bfloat16` (train_step, epoch, eval) runs both sides' activations and frozen weights in
+bfloat16 (torch: the whole model in bfloat16); the prompt and its optimizer state stay float32.
+
 `--xla_flags=...` runs our side under extra XLA flags; `--flag_sweep` runs it once per entry of
 CPU_FLAG_SETS (XLA CPU options worth knowing about) and prints each against the default;
 `--record=docs/benchmarks.md` appends what was printed, with the command line, machine and
@@ -49,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="train_step: 'torch' (PEFT's prompt tuning written out on transformers' "
                       "T5, the default) or 'peft' (the peft library); epoch/eval: 'peft' "
                       "(default) or 'none'")
+  p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                 help="train_step/epoch/eval: activations and frozen weights of both sides "
+                      "(torch: the whole model); the prompt and its optimizer state stay float32")
   p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
   p.add_argument("--flag_sweep", action="store_true",
                  help="run our side under each of CPU_FLAG_SETS and compare with the default")
@@ -81,7 +87,7 @@ CPU_FLAG_SETS = (
 def _config(args):
   from prompt_jax.models import get_config  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  overrides = dict(dtype=jnp.float32, dropout_rate=0.0)
+  overrides = dict(dtype=getattr(jnp, args.dtype), dropout_rate=0.0)
   if args.num_layers:
     overrides.update(num_encoder_layers=args.num_layers, num_decoder_layers=args.num_layers)
   return get_config(args.preset, **overrides)
@@ -135,14 +141,12 @@ def _our_train_setup(args, batch, compiled_for=None):
   `compiled_for`: a dict that receives the step compiled ahead of time for `batch`'s shapes
   ("flops": XLA's cost analysis of it); the step then runs that program."""
   import jax  # pylint: disable=g-import-not-at-top
-  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
-  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
 
   config = _config(args)
   model = _our_model(args, config)
   params = _our_params(model, batch)
-  trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  trainable, frozen = _split(args, params)
   tx = optimizers.adafactor().tx
   state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
   step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
@@ -156,13 +160,27 @@ def _our_train_setup(args, batch, compiled_for=None):
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
 
 
-def _matmul_peak_flops() -> float:
+def _split(args, params):
+  """(trainable, frozen) of `params`: the prompt in float32, frozen weights in --dtype."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
+  trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  dtype = getattr(jnp, args.dtype)
+  frozen = jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, frozen)
+  return trainable, frozen
+
+
+def _matmul_peak_flops(dtype_name: str) -> float:
   """FLOP/s of one large matmul on the default device, measured here (the MFU denominator):
-  bfloat16 8192^3 on accelerators (the issue's 864 TFLOP/s on an H100), float32 1024^3 on CPU."""
+  bfloat16 8192^3 on accelerators (the issue's 864 TFLOP/s on an H100), 1024^3 in the step's
+  dtype on CPU."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   on_cpu = jax.default_backend() == "cpu"
-  n, dtype = (1024, jnp.float32) if on_cpu else (8192, jnp.bfloat16)
+  n, dtype = (1024, getattr(jnp, dtype_name)) if on_cpu else (8192, jnp.bfloat16)
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   matmul = jax.jit(lambda x, y: x @ y)
   jax.block_until_ready(matmul(a, a))
@@ -183,11 +201,12 @@ def _ours(args) -> Dict[str, float]:
   _time(one, 2)  # warm-up
   seconds = statistics.median(_time(one, args.steps))
   return {"seconds_per_step": seconds, "flops_per_step": compiled["flops"],
-          "matmul_peak_flops": _matmul_peak_flops()}
+          "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 
 
 def _hf_model(args):
-  """transformers' T5 with random weights of the preset's shapes, frozen."""
+  """transformers' T5 with random weights of the preset's shapes, frozen, in --dtype."""
+  import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   c = _config(args)
   hf_config = transformers.T5Config(
@@ -195,7 +214,8 @@ def _hf_model(args):
       num_layers=c.num_encoder_layers, num_decoder_layers=c.num_decoder_layers,
       num_heads=c.num_heads, feed_forward_proj="gated-gelu" if c.is_gated else "relu",
       dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-  model = transformers.T5ForConditionalGeneration(hf_config).to(torch_device())
+  model = transformers.T5ForConditionalGeneration(hf_config).to(
+      torch_device(), dtype=getattr(torch, args.dtype))
   for p in model.parameters():
     p.requires_grad_(False)
   return model
@@ -275,7 +295,8 @@ def _torch(args) -> Dict[str, float]:
 
   def loss():
     embedded = model.shared(enc)
-    inputs = torch.cat([prompt.unsqueeze(0).expand(args.batch, -1, -1), embedded], dim=1)
+    inputs = torch.cat([prompt.to(embedded.dtype).unsqueeze(0).expand(args.batch, -1, -1),
+                        embedded], dim=1)
     return model(inputs_embeds=inputs, attention_mask=mask,
                  decoder_input_ids=batch["decoder_input_tokens"], labels=labels).loss
 
@@ -294,13 +315,12 @@ def _epoch_peft(args) -> Dict[str, float]:
 
 def _eval_ours(args) -> Dict[str, float]:
   import types  # pylint: disable=g-import-not-at-top
-  from prompt_jax import partitioning, trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax import partitioning  # pylint: disable=g-import-not-at-top
   from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
-  from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   config = _config(args)
   model = _our_model(args, config)
   params = _our_params(model, _batch(args, config.vocab_size))
-  trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  trainable, frozen = _split(args, params)
   run = types.SimpleNamespace(model=model, trainable=trainable, frozen=frozen,
                               mesh=partitioning.create_mesh(1))
   return bench_rte.eval_ours(args, run)
@@ -358,6 +378,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.side:
     return _side(args)
   if args.what == "ensemble":
+    if args.dtype != "float32":
+      print("prompt-jax bench: error: bench ensemble runs float32 only; drop --dtype",
+            file=sys.stderr)
+      return 1
     from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
     print(f"ensemble ({args.mode}): {args.preset}"
           f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, {args.inputs} inputs "
@@ -399,7 +423,7 @@ def _train_step(args, argv, reference, say) -> None:
   A side that fails raises RuntimeError; a flag set XLA rejects is reported as not run."""
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
-           f"{args.targets} targets, float32")
+           f"{args.targets} targets, {args.dtype}")
   say(f"train_step: {shape}")
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
   ours = _run_side("ours", side_argv, args.xla_flags)
@@ -474,7 +498,7 @@ def _rte_shape(args, split: str) -> str:
   return (f"RTE {split} (super_glue_rte_v102, official files), {args.preset}"
           f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch {args.batch}, "
           f"inputs <= {args.inputs} (+{args.prompt_length} prompt), targets <= {args.targets}, "
-          f"float32, random weights")
+          f"{args.dtype}, random weights")
 
 
 def _padding(args) -> str:

@@ -22,6 +22,31 @@ def test_bench_reports_time_and_memory_ratios(capsys):
   assert float(mfu.group(2)) > 0 and float(mfu.group(3)) > 0 and 0 < float(mfu.group(1)) <= 100
 
 
+def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
+  """--dtype=bfloat16: our activations and frozen weights, and the whole torch model, in
+  bfloat16; the prompt stays float32 (the optimizer updates a float32 prompt on both sides)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  argv = ["train_step", "--num_layers=1", "--batch=2", "--inputs=16", "--prompt_length=2",
+          "--steps=1", "--dtype=bfloat16"]
+  args = bench._parser().parse_args(argv)
+  config = bench._config(args)
+  assert config.dtype == jnp.bfloat16
+  model = bench._our_model(args, config)
+  trainable, frozen = bench._split(args, bench._our_params(model, bench._batch(args, 32128)))
+  assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(trainable)} == {jnp.dtype(jnp.float32)}
+  assert {p.dtype for p in bench._hf_model(args).parameters()} == {torch.bfloat16}
+  assert cli.main(["bench", *argv]) == 0
+  out = capsys.readouterr().out
+  assert "x 8 targets, bfloat16" in out
+  assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
+  assert cli.main(["bench", "ensemble", "--dtype=bfloat16"]) == 1
+  assert "bench ensemble runs float32 only" in capsys.readouterr().err
+
+
 def test_bench_rejects_unknown_preset(capsys):
   assert cli.main(["bench", "train_step", "--preset=t5_9", "--reference=none"]) == 1
   assert "unknown T5 preset 't5_9'" in capsys.readouterr().err

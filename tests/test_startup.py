@@ -12,10 +12,10 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 from prompt_jax import partitioning, run_setup, trees
 from prompt_jax.embedded import embedded_checkpoint_path
-from prompt_jax.models import get_config
 from prompt_jax.prompts import initializers, specs
 from tests.train.common import cli_subprocess
 
@@ -186,3 +186,35 @@ def test_compilation_cache_can_be_turned_off():
     assert proc.returncode == 0, proc.stdout[-2000:]
     results[value] = proc.stdout.split("RESULT")[1].splitlines()[0].split()
   assert all(r == ["None", "None"] for r in results.values()), results
+
+
+_FIRST_STEP = re.compile(r"first step done ([0-9.]+) s after start \(([0-9.]+) s compiling or "
+                         r"loading XLA programs; persistent compilation cache: (\d+) loaded, "
+                         r"(\d+) written\)")
+
+
+def test_train_reports_its_time_to_first_step_and_a_second_run_loads_the_compiled_programs(
+    tmp_path):
+  """`train` logs (and writes to TensorBoard) the seconds from the start of the command to its
+  first step and what the persistent compilation cache served. A second run of the same
+  configuration compiles nothing: every program the first one wrote is loaded."""
+  from tests.train.common import flags, tensorboard_scalars  # pylint: disable=g-import-not-at-top
+  env = {"PROMPT_JAX_COMPILATION_CACHE": str(tmp_path / "cache"),
+         "JAX_COMPILATION_CACHE_DIR": None,
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # the tiny model compiles in < 1 s
+  runs = []
+  for name in ("first", "second"):
+    model_dir = tmp_path / name
+    proc = cli_subprocess(["train", *flags(str(model_dir), 2)], env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    found = _FIRST_STEP.findall(proc.stdout)
+    assert len(found) == 1, proc.stdout[-3000:]  # once, for the first step only
+    seconds, compiling, loaded, written = (float(x) for x in found[0])
+    assert 0 < compiling < seconds, found
+    assert tensorboard_scalars(str(model_dir), "timing/seconds_to_first_step") == {1: pytest.approx(
+        seconds, abs=0.05)}
+    assert set(tensorboard_scalars(str(model_dir), "timing/compilation_seconds")) == {1}
+    runs.append((loaded, written))
+  (loaded_1, written_1), (loaded_2, written_2) = runs
+  assert loaded_1 == 0 and written_1 > 0  # an empty cache: everything compiled and written
+  assert written_2 == 0 and loaded_2 == written_1, runs

@@ -132,6 +132,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   newer ones are moved to MODEL_DIR/corrupt_checkpoints), stops on a non-finite loss without
   saving it, and saves a checkpoint then raises `Preempted` on SIGTERM.
   """
+  startup = summaries.StartupTimer()
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
   _check_run_values(model_dir, total_steps)
@@ -238,6 +239,10 @@ def train(*, model_dir: str = gin.REQUIRED,
       state, metrics, first_bad = step_fn(state, run.frozen, batch, dropout_rng, first_bad)
     position += 1
     done = step + 1
+    if step == start:  # the wait a user sees before training (one sync, on this step only)
+      jax.block_until_ready(metrics)
+      summaries.log(startup.first_step_done())
+      train_writer.write_scalars(done, startup.scalars())
     last = done == total_steps
     if done % stats_period == 0 or last:
       guards.check_finite(first_bad, done, lambda: _last_good(model_dir))

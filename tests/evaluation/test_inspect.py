@@ -2,7 +2,6 @@
 the spectrum plot, and a DPT rank-probe run's positive-count curve from its TensorBoard events
 (issue 9, item 4 and acceptance 3)."""
 import contextlib
-import glob
 import io
 import json
 import os
@@ -134,14 +133,7 @@ def probe_run(tmp_path_factory):
 
 def _events(model_dir, tag):
   """{step: value} read independently of inspect (TensorFlow's summary iterator)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  values = {}
-  for f in glob.glob(os.path.join(model_dir, "train", "events.out.tfevents*")):
-    for event in tf.compat.v1.train.summary_iterator(f):
-      for v in event.summary.value:
-        if v.tag == tag:
-          values[event.step] = float(tf.make_ndarray(v.tensor))
-  return values
+  return common.tensorboard_scalars(model_dir, tag)
 
 
 def test_inspect_of_a_rank_probe_run_plots_its_spectrum_and_positive_count(probe_run):

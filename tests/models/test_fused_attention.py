@@ -5,10 +5,13 @@ Bounds are derived (tests/numerics.py): the fused float32 result must be within 
 einsum reference's own distance to the float64 einsum result (the fused kernels have no float64;
 `attention_implementation` sends float64 to the einsum reference).
 """
+import contextlib
 import functools
+import io
 
 import flax.linen as nn
 import jax
+from jax import ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -39,9 +42,9 @@ def test_selection_by_backend_and_dtype():
   assert pick("xla", jnp.float32) == "xla"
   with numerics.float64():
     assert pick("auto", jnp.float64) == "einsum"
-  expected = "cudnn" if jax.default_backend() == "gpu" else "xla"
+  expected = "cudnn" if jax.default_backend() == "gpu" else "einsum"
   assert pick("auto", jnp.bfloat16) == expected
-  assert pick("auto", jnp.float32) == "xla"  # cuDNN attention needs bfloat16/float16
+  assert pick("auto", jnp.float32) == "einsum"  # cuDNN attention needs bfloat16/float16
   with pytest.raises(ValueError, match="attention_implementation"):
     pick("flash", jnp.float32)
 
@@ -102,3 +105,35 @@ def test_fused_attention_through_the_model_logits_and_prompt_gradient():
   DISTANCES["model logits"] = float(np.abs(np.asarray(logits("xla", jnp.float32))
                                            - np.asarray(logits("einsum", jnp.float32)))[where].max())
   assert DISTANCES["model logits"] <= 1e-5
+
+
+def test_softmax_gradient_and_one_array_of_scores_kept_per_attention(monkeypatch):
+  """layers.softmax has jax.nn.softmax's gradient (bound: float32's own error against float64),
+  and an attention call keeps one array of the scores' size for the backward pass (the softmax
+  output, which the value matmul needs too), where with jax.nn.softmax it keeps two (its
+  backward pass keeps exp(x - max) besides)."""
+  rng = np.random.RandomState(0)
+  x64 = rng.randn(2, 3, 5, 7) * 4.0  # [batch, heads, q, k] attention scores
+  g64 = rng.randn(*x64.shape)
+
+  def grad(fn, dtype):
+    x, g = numerics.cast(x64, dtype), numerics.cast(g64, dtype)
+    return jax.vjp(fn, x)[1](g)[0]
+
+  numerics.check_equivalent(functools.partial(grad, layers.softmax),
+                            functools.partial(grad, jax.nn.softmax), what="softmax gradient")
+
+  def scores_kept():
+    """Residuals of the scores' shape, as jax's public print_saved_residuals lists them."""
+    q, k, v, bias = _inputs(jnp.float32)
+    bias = bias[:1]  # [1, heads, q, k]: not of the scores' shape [batch, heads, q, k]
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):
+      ad_checkpoint.print_saved_residuals(lambda q, k, v: layers.dot_product_attention(
+          q, k, v, bias, implementation="einsum").sum(), q, k, v)
+    scores = f"f32[{q.shape[0]},{q.shape[2]},{q.shape[1]},{k.shape[1]}]"
+    return sum(line.startswith(scores) for line in listing.getvalue().splitlines())
+
+  assert scores_kept() == 1
+  monkeypatch.setattr(layers, "softmax", jax.nn.softmax)
+  assert scores_kept() == 2

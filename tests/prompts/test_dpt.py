@@ -1,8 +1,6 @@
 """DPT (Xiao et al. 2023): its defaults, initialisations (Gaussian, uniform, SVD of a prompt file),
 bad ranks, and the rank probe of its Section 2 (formula, SVD start, TensorBoard count)."""
 import functools
-import glob
-import os
 
 import flax.linen as nn
 import gin
@@ -11,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import tensorflow as tf
 
 from prompt_jax import cli
 from prompt_jax.errors import ConfigError
@@ -152,18 +149,6 @@ def test_rank_probe_prompt_is_u_relu_diag_s_vt():
   numerics.check_equivalent(ours, formula)  # bound: the formula's own float32 error
 
 
-def _scalars(model_dir, tag):
-  """{step: value} of a scalar summary in MODEL_DIR/train's event files."""
-  values = {}
-  for f in glob.glob(os.path.join(model_dir, "train", "events.out.tfevents*")):
-    for event in tf.compat.v1.train.summary_iterator(f):
-      for v in event.summary.value:
-        if v.tag == tag:
-          values[event.step] = (float(tf.make_ndarray(v.tensor)) if v.HasField("tensor")
-                                else v.simple_value)
-  return values
-
-
 def _push_negative_from_step_2():
   """An optimizer that leaves the parameters alone in step 1 and lowers every one by 1e6 in
   step 2 (so every entry of s becomes negative)."""
@@ -189,6 +174,6 @@ def test_rank_probe_count_is_logged_and_falls_when_s_goes_negative(tmp_path):
     loop.train(optimizer=_push_negative_from_step_2())
   finally:
     gin.clear_config()
-  counts = _scalars(model_dir, "dpt_rank_probe/positive_singular_values")
+  counts = common.tensorboard_scalars(model_dir, "dpt_rank_probe/positive_singular_values")
   # k = min(P, H) = 6, all s start positive; step 2 pushes every entry below 0.
   assert counts == {1: 6.0, 2: 0.0}

@@ -24,6 +24,21 @@ def flags(model_dir: str, steps: int, *extra: str) -> List[str]:
                        *extra]
 
 
+def tensorboard_scalars(model_dir: str, tag: str, subdir: str = "train") -> Dict[int, float]:
+  """{step: value} of a scalar summary in MODEL_DIR/<subdir>'s event files, read independently
+  of our writer (TensorFlow's summary iterator)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  values = {}
+  for f in glob.glob(os.path.join(model_dir, subdir, "events.out.tfevents*")):
+    for event in tf.compat.v1.train.summary_iterator(f):
+      for v in event.summary.value:
+        if v.tag == tag:
+          values[event.step] = (float(tf.make_ndarray(v.tensor)) if v.HasField("tensor")
+                                else v.simple_value)
+  return values
+
+
 def prompt_at(model_dir: str, step: int) -> np.ndarray:
   return np.load(os.path.join(model_dir, "numpy_checkpoints", f"checkpoint_{step}", PROMPT_NPY))
 
