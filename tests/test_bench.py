@@ -35,7 +35,8 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
   config = bench._config(args)
   assert config.dtype == jnp.bfloat16
   model = bench._our_model(args, config)
-  trainable, frozen = bench._split(args, bench._our_params(model, bench._batch(args, 32128)))
+  trainable, frozen = bench._split(args, bench._our_params(
+      model, bench._batch(args, config.vocab_size)))
   assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(trainable)} == {jnp.dtype(jnp.float32)}
   assert {p.dtype for p in bench._hf_model(args).parameters()} == {torch.bfloat16}

@@ -1,4 +1,5 @@
 """TensorBoard summaries (clu.metric_writers, t5x's dirs) and progress log lines."""
+import functools
 import logging
 import os
 import time
@@ -131,17 +132,14 @@ class StartupTimer:
 # jax.monitoring listeners cannot be removed on every jax version we support: one pair for the
 # process, forwarding to the open timers.
 _OPEN_TIMERS: "weakref.WeakSet[StartupTimer]" = weakref.WeakSet()
-_LISTENING = []
 
 
+@functools.cache
 def _listen() -> None:
-  if _LISTENING:
-    return
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, duration, **_: [t.on_duration(event, duration) for t in list(_OPEN_TIMERS)])
   jax.monitoring.register_event_listener(
       lambda event, **_: [t.on_event(event) for t in list(_OPEN_TIMERS)])
-  _LISTENING.append(True)
 
 
 def log(message: str, *args) -> None:
