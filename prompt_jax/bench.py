@@ -75,6 +75,9 @@ CPU_FLAG_SETS = (
     ("default", ""),
     ("oneDNN", "--xla_cpu_use_onednn=true"),
     ("XNNPACK", "--xla_cpu_use_xnnpack=true"),
+    # XLA CPU (jaxlib 0.10) hands dots and the ops fused around them to YNNPACK; empty = Eigen.
+    ("YNNPACK fusions off", "--xla_cpu_experimental_ynn_fusion_type="),
+    ("YNNPACK for lone dots only", "--xla_cpu_experimental_ynn_fusion_type=individual_dot"),
     ("no multi-threaded Eigen", "--xla_cpu_multi_thread_eigen=false"),
     ("legacy (non-thunk) runtime", "--xla_cpu_use_thunk_runtime=false"),
     ("fast math", "--xla_cpu_enable_fast_math=true"),

@@ -103,6 +103,37 @@ def _activation(name: str) -> Callable[[Array], Array]:
   return getattr(nn, name)
 
 
+@jax.custom_vjp
+def gated_gelu(gate: Array, linear: Array) -> Array:
+  """gelu(gate) * linear (tanh GELU, T5 1.1's gated MLP) whose backward pass keeps only its
+  two inputs, the outputs of the `wi_0`/`wi_1` matmuls: it recomputes gelu(gate) and gelu'(gate)
+  from `gate`. Differentiating the expression keeps five more [batch, length, mlp] arrays (the
+  tanh, its pieces, gelu(gate)), the largest a layer keeps after the attention scores. T5 1.1
+  small, batch 8 x 612, float32 on CPU: the compiled train step's temporary memory 1721 -> 1367
+  MB, peak RSS about 2750 -> 2400 MB, time within the machine's noise (docs/benchmarks.md)."""
+  return _activation("gelu")(gate) * linear
+
+
+def _gated_gelu_fwd(gate: Array, linear: Array):
+  return _activation("gelu")(gate) * linear, (gate, linear)
+
+
+def _gated_gelu_bwd(residuals, g: Array):
+  # The barrier keeps XLA from merging the recomputation below with the forward pass's own tanh
+  # (common-subexpression elimination), which would keep that array alive until here after all.
+  gate, linear = lax.optimization_barrier(residuals)
+  # jax.nn.gelu(approximate=True): 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi).
+  c = np.sqrt(2 / np.pi).astype(gate.dtype)
+  k = np.asarray(0.044715, gate.dtype)
+  t = jnp.tanh(c * (gate + k * gate ** 3))
+  cdf = 0.5 * (1 + t)
+  d_gelu = cdf + 0.5 * gate * (1 - t * t) * c * (1 + 3 * k * gate * gate)
+  return g * linear * d_gelu, g * (gate * cdf)
+
+
+gated_gelu.defvjp(_gated_gelu_fwd, _gated_gelu_bwd)
+
+
 class MlpBlock(nn.Module):
   """Feed-forward block: `wi` (one activation) or gated `wi_0`, `wi_1`, then `wo`."""
   intermediate_dim: int
@@ -112,13 +143,18 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, deterministic: bool = True) -> Array:
-    hidden = None
-    for idx, act in enumerate(self.activations):
+    projected = []
+    for idx in range(len(self.activations)):
       name = "wi" if len(self.activations) == 1 else f"wi_{idx}"
-      x = DenseGeneral((self.intermediate_dim,), kernel_axes=("embed", "mlp"), dtype=self.dtype,
-                       name=name)(inputs)  # [batch, length, mlp]
-      x = _activation(act)(x)
-      hidden = x if hidden is None else hidden * x
+      projected.append(DenseGeneral((self.intermediate_dim,), kernel_axes=("embed", "mlp"),
+                                    dtype=self.dtype, name=name)(inputs))  # [batch, length, mlp]
+    if tuple(self.activations) == ("gelu", "linear"):  # T5 1.1's gated GELU
+      hidden = gated_gelu(*projected)
+    else:
+      hidden = None
+      for act, x in zip(self.activations, projected):
+        x = _activation(act)(x)
+        hidden = x if hidden is None else hidden * x
     hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
     hidden = constrain(hidden, ("batch", "length", "mlp"))
     return DenseGeneral((inputs.shape[-1],), kernel_axes=("mlp", "embed"), dtype=self.dtype,
