@@ -33,9 +33,12 @@ def main():
   prompt = prompt_factory(functools.partial(PromptTuning, length=3), length=3)
   model = T5(cfg, prompt=prompt)
   rng = np.random.RandomState(0)
-  enc = rng.randint(2, 128, (8, 12))
+  # int32 as the data pipeline gives them: numpy's default int64 became s64 arrays under
+  # enable_x64 and s32 outside it, and one CI run (d776e22) died in XLA with an executable
+  # compiled for the s64 [2, 12] shards handed an s32 buffer (not reproduced in 5 runs since).
+  enc = rng.randint(2, 128, (8, 12)).astype(np.int32)
   enc[3, 6:] = 0
-  labels = np.array([[7, 1, 0], [9, 4, 1], [12, 1, 0]])
+  labels = np.array([[7, 1, 0], [9, 4, 1], [12, 1, 0]], np.int32)
   dec = np.zeros((8, 4), np.int32)
   init = lambda: model.init(jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False)
   params = nn.meta.unbox(init())["params"]
