@@ -517,7 +517,8 @@ def _tokens(side) -> str:
 def _epoch(args, argv, reference, say) -> None:
   say(f"epoch: {_rte_shape(args, 'train')}")
   ours = _run_side("ours", argv, args.xla_flags)
-  how = _padding(args)
+  how = _padding(args) + (f", grouped by length in windows of {args.group} batches"
+                          if args.group else "")
   say(f"  prompt_jax (jit, {how}): {ours['steps']} steps in {ours['seconds']:.1f} s (of which "
       f"{ours['compiling_seconds']:.1f} s in the {ours['programs']} steps that compiled a "
       f"program), {_tokens(ours)}, peak RSS {ours['peak_rss_mb']:.0f} MB")

@@ -9,8 +9,11 @@ Each side runs in its own subprocess, one after the other (bench.py).
   epoch  one epoch of RTE train (2490 examples: 77 steps of batch 32, shuffled with seed 0, the
          same rows in the same order on both sides). Ours: the training pipeline
          (`train.data.TrainStream`, tokenising on the fly) with length bucketing
-         (`--buckets`, `prompt_jax.length_buckets`; 0 pads to --inputs) and our jitted step;
-         the time includes compiling one program per bucket shape. PEFT: `peft.get_peft_model`
+         (`--buckets`, `prompt_jax.length_buckets`; 0 pads to --inputs), optionally grouped
+         by length (`--group=K`, `prompt_jax.group_by_length`: each window of K batches
+         sorted longest first, so batches then hold other rows than PEFT's, and the epoch's
+         last partial window its longest rows), and our jitted step; the time includes
+         compiling one program per bucket shape. PEFT: `peft.get_peft_model`
          (PromptTuningConfig) on transformers' T5 with Adafactor (Lester et al.), the rows
          pre-tokenised (as `datasets.map` would cache them) and padded per batch by HF's
          `DataCollatorForSeq2Seq` (dynamic padding to the longest row).
@@ -24,6 +27,7 @@ Reported: seconds, real-token share of the processed input+target positions (pro
 programs compiled, peak RSS, and the ratios. Figures, never assertions.
 
   prompt-jax bench epoch --data_dir=../shared/data --batch=32
+  prompt-jax bench epoch --data_dir=../shared/data --batch=32 --buckets=8 --group=8
   prompt-jax bench eval --data_dir=../shared/data --batch=32
 """
 import itertools
@@ -45,6 +49,9 @@ def add_arguments(p) -> None:
   p.add_argument("--buckets", type=int, default=4,
                  help="epoch/eval: our length buckets (prompt_jax.length_buckets; 0: pad to "
                       "--inputs)")
+  p.add_argument("--group", type=int, default=0,
+                 help="epoch: sort our training examples by length within windows of this many "
+                      "batches (prompt_jax.group_by_length; needs --buckets; 0: off)")
   p.add_argument("--max_steps", type=int, default=None,
                  help="epoch: stop after this many steps (eval: batches); default the whole split")
 
@@ -65,6 +72,9 @@ def check_inputs(args) -> None:
     raise ValueError(f"T5 SentencePiece model {vocab} is missing: pass --vocab=PATH/spiece.model")
   if args.buckets < 0:
     raise ValueError(f"--buckets must be >= 0, got {args.buckets}")
+  if args.group < 0 or (args.group and not args.buckets):
+    raise ValueError(f"--group={args.group}: pass a number of batches >= 0, and --buckets > 0 "
+                     f"with it (grouping saves positions only when batches are cut to buckets)")
 
 
 SPM_PATH_ENV = "PROMPT_JAX_SPM_PATH"  # prompt_jax.vocab's (not imported here: seqio loads TF)
@@ -75,7 +85,7 @@ def vocab_path(args) -> str:
           or os.path.join(args.data_dir, "t5_spm", "spiece.model"))
 
 
-def _setup_data(args, num_buckets: int) -> None:
+def _setup_data(args, num_buckets: int, group: int = 0) -> None:
   import gin  # pylint: disable=g-import-not-at-top
   from prompt_jax import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   from prompt_jax.tasks import sources  # pylint: disable=g-import-not-at-top
@@ -83,15 +93,16 @@ def _setup_data(args, num_buckets: int) -> None:
   sources.set_data_dir(os.path.abspath(args.data_dir))
   with gin.unlock_config():
     gin.bind_parameter("prompt_jax.length_buckets.num_buckets", num_buckets)
+    gin.bind_parameter("prompt_jax.group_by_length.batches", group)
 
 
 def _lengths(args) -> Dict[str, int]:
   return {"inputs": args.inputs, "targets": args.targets}
 
 
-def _train_stream(args, num_buckets: int):
+def _train_stream(args, num_buckets: int, group: int = 0):
   from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
-  _setup_data(args, num_buckets)
+  _setup_data(args, num_buckets, group)
   cfg = data_lib.DatasetConfig(mixture_or_task_name=TASK, task_feature_lengths=_lengths(args),
                                split="train", batch_size=args.batch, shuffle=True, seed=0)
   return data_lib.TrainStream(cfg, 1, (0, args.batch))
@@ -125,7 +136,7 @@ def _validation_inputs(args) -> np.ndarray:
 def epoch_ours(args, setup) -> Dict[str, float]:
   """One epoch of our training pipeline + step. `setup(example_batch)` -> (step, state)."""
   import jax  # pylint: disable=g-import-not-at-top
-  stream = _train_stream(args, args.buckets)
+  stream = _train_stream(args, args.buckets, args.group)
   steps = epoch_steps(args, _num_examples("train"))
   first = next(stream)
   step, holder = setup(first)

@@ -108,6 +108,25 @@ def test_bench_epoch_on_real_rte_trains_both_sides_on_the_same_rows(shared_data,
   assert re.search(r"ratio ours/reference: time [0-9.]+ \(speed [0-9.]+x\), memory [0-9.]+", out)
 
 
+def test_bench_epoch_grouped_by_length_processes_fewer_positions(shared_data, capsys):
+  """--group=3 over 3 steps: one window, so the same rows as ungrouped, sorted before they are
+  batched and cut to buckets: fewer processed positions for the same real tokens."""
+  counts = {}
+  for group in (0, 3):
+    assert cli.main(_rte_argv("epoch", shared_data, f"--group={group}", "--reference=none")) == 0
+    out = capsys.readouterr().out
+    how = "4 length buckets" + (", grouped by length in windows of 3 batches" if group else "")
+    found = re.search(re.escape(f"prompt_jax (jit, {how}): 3 steps") +
+                      r".* real tokens (\d+) of (\d+) processed", out)
+    assert found, out
+    counts[group] = int(found.group(1)), int(found.group(2))
+  assert counts[3][0] == counts[0][0] and counts[3][1] < counts[0][1], counts
+  assert cli.main(_rte_argv("epoch", shared_data, "--buckets=0", "--group=2")) == 1
+  err = capsys.readouterr().err
+  assert "--group=2: pass a number of batches >= 0, and --buckets > 0" in err
+  assert len(err.strip().splitlines()) == 1, err
+
+
 def test_bench_eval_on_real_rte(shared_data, capsys):
   pytest.importorskip("peft")
   assert cli.main(_rte_argv("eval", shared_data)) == 0

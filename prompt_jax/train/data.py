@@ -223,10 +223,11 @@ def process_rows(sharding, batch_size: int) -> Tuple[int, int]:
   return spans[0][0], spans[-1][1]
 
 
-def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
-                  skip: int = 0) -> tf.data.Dataset:
-  """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted and
-  batched by `batch_size // num_shards`, after `skip` batches."""
+def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int, skip: int = 0,
+                  group_batches: int = 0) -> tf.data.Dataset:
+  """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted, sorted by
+  length within windows of `group_batches` batches (`group_by_length`; 0: not), and batched by
+  `batch_size // num_shards`, after `skip` batches."""
   check_feature_lengths(cfg)
   task = get_task(cfg.mixture_or_task_name, cfg.module)
   check_split(task, cfg.split)
@@ -242,7 +243,11 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int,
         shard_info=seqio.ShardInfo(index=shard, num_shards=num_shards), **kwargs)
     ds = convert(ds, cfg)
   ds = ds.map(lambda ex: {k: ex[k] for k in model_features(ex)})
-  ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
+  rows = cfg.batch_size // num_shards
+  window = group_batches * rows
+  if window:  # each window of `window` examples in descending length, then cut into batches
+    ds = ds.batch(window, drop_remainder=True).map(sort_by_length).unbatch()
+  ds = ds.batch(rows, drop_remainder=True)
   if skip:
     ds = ds.skip(skip)  # only for checkpoints without iterator state: O(skip)
   return ds.prefetch(tf.data.AUTOTUNE)
@@ -273,6 +278,39 @@ def length_buckets(num_buckets: int = 0, multiple: int = 8) -> Tuple[int, int]:
     raise ConfigError(f"length_buckets: num_buckets must be >= 0 and multiple >= 1, got "
                       f"{num_buckets}, {multiple}")
   return num_buckets, multiple
+
+
+@gin.configurable(module="prompt_jax")
+def group_by_length(batches: int = 0) -> int:
+  """Training examples sorted by length within windows of `batches` batches before they are
+  batched (0: off, the default), so that each batch holds rows of similar length and its
+  length bucket wastes fewer padded positions:
+
+    prompt_jax.length_buckets.num_buckets = 8
+    prompt_jax.group_by_length.batches = 8
+
+  As transformers' `group_by_length` (its megabatches of 50 batches): each window of
+  `batches` x BATCH_SIZE shuffled examples is ordered by input length, longest first (then
+  target length), and cut into consecutive batches. Each window holds the same examples as
+  without grouping, each trained on once; what changes is which examples share a batch and
+  their order within the window, so an example moves at most `batches` - 1 steps (a longer
+  window pads less and mixes less). Per data shard
+  and deterministic, so the global batch still does not depend on the process layout and the
+  iterator state in each checkpoint resumes it bitwise. Needs `length_buckets`: without it
+  every batch is padded to TASK_FEATURE_LENGTHS and grouping would only change the order."""
+  if batches < 0:
+    raise ConfigError(f"group_by_length: batches must be >= 0, got {batches}")
+  return batches
+
+
+def sort_by_length(features: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  """A window of examples ([window, ...] each feature) in descending order of input length,
+  then of target length (stable: ties keep the shuffled order)."""
+  inputs = tf.math.count_nonzero(features["encoder_input_tokens"], axis=1, dtype=tf.int64)
+  targets = tf.math.count_nonzero(features["decoder_target_tokens"], axis=1, dtype=tf.int64)
+  key = inputs * (tf.cast(tf.shape(features["decoder_target_tokens"])[1], tf.int64) + 1) + targets
+  order = tf.argsort(key, direction="DESCENDING", stable=True)
+  return {k: tf.gather(v, order) for k, v in features.items()}
 
 
 def bucket_lengths(feature_length: int, num_buckets: int, multiple: int = 8) -> Tuple[int, ...]:
@@ -324,7 +362,8 @@ class TrainStream:
   `iterators`: shard -> tf.data iterator, every shard this process reads; `owned`: the shards
   whose state this process saves (those whose first row is on this process, so each shard is
   saved by exactly one process). With `length_buckets` on, each batch is cut to its bucket
-  (`buckets`) after it is read: the iterator state is that of the padded stream.
+  (`buckets`) after it is read: the iterator state is that of the padded stream (with
+  `group_by_length`, of the grouped one).
   `tokens_real` / `tokens_processed` count this process's real and processed token positions
   (inputs + targets, prompt positions excluded) for the real-token share."""
 
@@ -348,13 +387,26 @@ class TrainStream:
       check_feature_lengths(cfg)
       self.buckets = {k: bucket_lengths(v, num_buckets, multiple)
                       for k, v in cfg.task_feature_lengths.items()}
+    self.group_batches = group_by_length()
+    if self.group_batches and self.buckets is None:
+      raise ConfigError(f"prompt_jax.group_by_length.batches={self.group_batches} needs length "
+                        f"buckets: set prompt_jax.length_buckets.num_buckets (e.g. 8); without "
+                        f"them every batch is padded to TASK_FEATURE_LENGTHS and grouping "
+                        f"would only reorder the examples")
     self.tokens_real = 0
     self.tokens_processed = 0
     self.restart(skip=0)
 
+  @property
+  def real_token_share(self) -> float:
+    """Real / processed input+target positions of the batches this process has read since it
+    started (TensorBoard's data/real_token_share: what bucketing and grouping save)."""
+    return self.tokens_real / max(self.tokens_processed, 1)
+
   def restart(self, skip: int) -> None:
     """New pipelines positioned after `skip` batches (replaying them through tf.data)."""
-    self.iterators = {k: iter(shard_dataset(self.cfg, k, self.num_shards, skip))
+    self.iterators = {k: iter(shard_dataset(self.cfg, k, self.num_shards, skip,
+                                            self.group_batches))
                       for k in self.shards}
 
   def __iter__(self):

@@ -255,6 +255,7 @@ def train(*, model_dir: str = gin.REQUIRED,
                                         **(method_summaries(state.params)
                                            if method_summaries else {}),
                                         "learning_rate": lr,
+                                        "data/real_token_share": stream.real_token_share,
                                         **summaries.Progress.timing(sps,
                                                                     train_dataset_cfg.batch_size)})
     saving = done % checkpoint_period == 0 or last or done == stop_after_step
