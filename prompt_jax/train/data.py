@@ -294,10 +294,10 @@ def group_by_length(batches: int = 0) -> int:
   target length), and cut into consecutive batches. Each window holds the same examples as
   without grouping, each trained on once; what changes is which examples share a batch and
   their order within the window, so an example moves at most `batches` - 1 steps (a longer
-  window pads less and mixes less). Per data shard
-  and deterministic, so the global batch still does not depend on the process layout and the
-  iterator state in each checkpoint resumes it bitwise. Needs `length_buckets`: without it
-  every batch is padded to TASK_FEATURE_LENGTHS and grouping would only change the order."""
+  window pads less and mixes less). Per data shard and deterministic, so the global batch
+  still does not depend on the process layout and the iterator state in each checkpoint
+  resumes it bitwise. Needs `length_buckets`: without it every batch is padded to
+  TASK_FEATURE_LENGTHS and grouping would only change the order."""
   if batches < 0:
     raise ConfigError(f"group_by_length: batches must be >= 0, got {batches}")
   return batches
