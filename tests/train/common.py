@@ -2,7 +2,7 @@
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -80,15 +80,10 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = None, *,
-                       greedy: bool = False) -> Dict[str, bool]:
-  """{validation input text: bool} for the embedded default (runs/embedded_default.gin: the
-  shipped tiny T5, inputs of 16 tokens) under the prompt-tuning prompt `prompt32` [P, 64]:
-  examples whose answer may differ between two float32 programs for rounding alone
-  (tests/numerics.py): the best label's log-likelihood within twice the derived float32 bound of
-  the next, or, with `greedy` (one side decodes greedily, e.g. t5x's evaluation), a greedy step
-  within it. `prompt64`: the prompt's float64 value where `prompt32` is itself rounded (a
-  folded DPT prompt A·B); default `prompt32`."""
+def _embedded_validation(prompt_length: int):
+  """The embedded default's (runs/embedded_default.gin) pieces to score its validation set with
+  a prompt-tuning prompt of `prompt_length`: (model, with_prompt(prompt, dtype) -> params,
+  sorted input texts, their [B, 16] tokens, the label texts, their [C, L] tokens)."""
   import functools  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -96,7 +91,7 @@ def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = No
   from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
-  from prompt_jax.models import T5, decoding  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import PromptTuning, prompt_factory  # pylint: disable=g-import-not-at-top
   from tests import numerics  # pylint: disable=g-import-not-at-top
   cli.parse_gin(["runs/embedded_default.gin"], [], [])
@@ -104,9 +99,8 @@ def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = No
     config = run_setup.t5_config()
   finally:
     gin.clear_config()
-  length = prompt32.shape[0]
-  model = T5(config, prompt=prompt_factory(functools.partial(PromptTuning, length=length),
-                                           length))
+  model = T5(config, prompt=prompt_factory(functools.partial(PromptTuning, length=prompt_length),
+                                           prompt_length))
   _, frozen = checkpoints.load(embedded.CHECKPOINT_DIR)
 
   def with_prompt(prompt, dtype):
@@ -116,8 +110,23 @@ def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = No
 
   texts = sorted({text for text, _ in task.examples("validation")})
   enc = jnp.asarray(run_lib.encode_inputs(texts, task.VOCABULARY, 16))
-  labels = jnp.asarray(inference.label_tokens(inference.label_set("embedded_last_letter"),
-                                              task.VOCABULARY))
+  label_texts = inference.label_set("embedded_last_letter")
+  labels = jnp.asarray(inference.label_tokens(label_texts, task.VOCABULARY))
+  return model, with_prompt, texts, enc, label_texts, labels
+
+
+def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = None, *,
+                       greedy: bool = False) -> Dict[str, bool]:
+  """{validation input text: bool} for the embedded default (runs/embedded_default.gin: the
+  shipped tiny T5, inputs of 16 tokens) under the prompt-tuning prompt `prompt32` [P, 64]:
+  examples whose answer may differ between two float32 programs for rounding alone
+  (tests/numerics.py): the best label's log-likelihood within twice the derived float32 bound of
+  the next, or, with `greedy` (one side decodes greedily, e.g. t5x's evaluation), a greedy step
+  within it. `prompt64`: the prompt's float64 value where `prompt32` is itself rounded (a
+  folded DPT prompt A·B); default `prompt32`."""
+  from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  model, with_prompt, texts, enc, _, labels = _embedded_validation(prompt32.shape[0])
   params32 = with_prompt(prompt32, np.float32)
   s32 = decoding.score_targets(model, params32, enc, labels)
   with numerics.float64():
@@ -128,3 +137,28 @@ def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = No
   if greedy:
     ties |= numerics.greedy_near_ties(model, params32, enc, 4)
   return dict(zip(texts, ties.tolist()))
+
+
+def _before_eos(ids: List[int]) -> List[int]:
+  """The ids before the first EOS (1), padding (0) dropped."""
+  return [t for t in (ids[:ids.index(1)] if 1 in ids else ids) if t]
+
+
+def embedded_float64_answers(prompt: np.ndarray) -> Dict[str, Tuple[str, str]]:
+  """{validation input text: (greedy answer, best label)} of the embedded default under the
+  prompt-tuning prompt `prompt` [P, 64], both computed in float64: greedy decoding of 4 target
+  tokens (the text before EOS, as t5x's evaluation and infer decode it) and rank classification
+  over the task's labels (prompt-jax's). They differ, for no rounding, where greedy decoding
+  leaves the label set (EOS first, another letter); elsewhere a float32 t5x and prompt-jax must
+  agree but for near-ties (`embedded_near_ties(..., greedy=True)`)."""
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  model, with_prompt, texts, enc, label_texts, labels = _embedded_validation(prompt.shape[0])
+  with numerics.float64():
+    m64, p64 = numerics.in_float64(model, with_prompt(prompt, np.float64))
+    scores = np.asarray(decoding.score_targets(m64, p64, enc, labels))
+    tokens = np.asarray(decoding.greedy_decode(m64, p64, enc, 4))
+  greedy = [task.VOCABULARY.decode(_before_eos([int(t) for t in row])) for row in tokens]
+  best = [label_texts[i] for i in scores.argmax(-1)]
+  return dict(zip(texts, zip(greedy, best)))
