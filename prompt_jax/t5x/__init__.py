@@ -13,8 +13,9 @@ The only part of prompt_jax that imports t5x. t5x is not on PyPI: install it fro
                  calls (our `models.T5`: t5x's call signature, `encode` / `decode` and its cache)
   models.py      `PromptEncoderDecoderModel`: t5x's EncoderDecoderModel whose initial variables
                  carry t5x's `params_axes` (our parameters carry flax logical-axis boxes instead)
-  optim.py       what trains (the method's trainable regex) for t5x's MultiOptimizer, and the
-                 prompt parameters' logical axis rules
+  optim.py       what trains (the method's trainable regex) for t5x's MultiOptimizer (and a
+                 MultiOptimizer whose checkpoints t5x can resume from), and the prompt
+                 parameters' logical axis rules
 The gin files live in gin/t5x/ (models/, prompts/, runs/), in t5x's layout.
 """
 INSTALL_HINT = (

@@ -5,11 +5,18 @@ the parameters that match the prompt method's trainable regex (`spec.trainable_r
 TRAINABLE_REGEX), so every frozen parameter gets no optimizer state (MultiOptimizer stores None
 for it) and its update is the identity. The frozen gradients t5x's train step asks for are dead
 code once nothing reads them, so XLA drops them.
+
+`MultiOptimizer` below is t5x's with one change to its checkpoint: the frozen parameters' None
+states are left out of the state dict (t5x's orbax restore turns a saved None into an array read
+and fails, so a run could not resume from its own MODEL_DIR), as t5x's `OptaxWrapper` leaves out
+optax's empty states.
 """
 from typing import Optional
 
 import jax
 from flax import traverse_util
+from flax.serialization import to_state_dict
+from t5x import optimizers as t5x_optimizers
 
 from prompt_jax import partitioning
 from prompt_jax import run_setup
@@ -52,12 +59,49 @@ def method_optimizer():
   return ref.scoped_configurable_fn() if hasattr(ref, "scoped_configurable_fn") else ref
 
 
+class MultiOptimizer(t5x_optimizers.MultiOptimizer):
+  """t5x's MultiOptimizer whose state dict (what a checkpoint saves and restores) holds
+  optimizer state only for the parameters a traversal selects.
+
+  t5x's stores None for every other parameter; its orbax checkpointer saves that None as a
+  placeholder, but on restore (`checkpoints._construct_orbax_restoration_transforms`) turns the
+  placeholder into an array to read, which is not there: `t5x.train` could not resume a run from
+  its MODEL_DIR. Leaving the None states out of the state dict (the checkpoint then holds no
+  entry for them) and putting them back in `restore_state` fixes that, and a checkpoint written
+  before (with the placeholders) restores too: t5x reads only the state dict's keys.
+  """
+
+  def state_dict(self, target, state):
+    state_dict = super().state_dict(target, state)
+    untrained = _untrained_param_paths(target, state_dict["state"]["param_states"])
+    flat = traverse_util.flatten_dict(state_dict["state"]["param_states"], keep_empty_nodes=True)
+    state_dict["state"]["param_states"] = traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items() if k not in untrained})
+    return state_dict
+
+  def restore_state(self, opt_target, opt_state, state_dict):
+    reference = to_state_dict(opt_state)["param_states"]
+    flat = dict(traverse_util.flatten_dict(state_dict["state"]["param_states"],
+                                           keep_empty_nodes=True))
+    for path in _untrained_param_paths(opt_target, reference):
+      flat.setdefault(path, None)
+    state_dict = dict(state_dict, state=dict(
+        state_dict["state"], param_states=traverse_util.unflatten_dict(flat)))
+    return super().restore_state(opt_target, opt_state, state_dict)
+
+
+def _untrained_param_paths(target, param_states) -> set:
+  """The paths (key tuples) of the parameters whose optimizer state is None."""
+  flat = traverse_util.flatten_dict(param_states, keep_empty_nodes=True)
+  return {path for path in traverse_util.flatten_dict(to_state_dict(target))
+          if path in flat and flat[path] is None}
+
+
 def masked_optax(regex: Optional[str] = None):
   """t5x's `OptaxWrapper` around the method's own optax optimizer, applied only to the
   parameters matching `regex` (None: the method's): `optax.multi_transform` gives every other
   parameter `set_to_zero` (no state, a zero update), so the update rule is prompt-jax train's."""
   import optax  # pylint: disable=g-import-not-at-top
-  from t5x import optimizers  # pylint: disable=g-import-not-at-top
   regex = regex if regex is not None else trainable_regex()
   tx = method_optimizer().tx
 
@@ -65,5 +109,5 @@ def masked_optax(regex: Optional[str] = None):
     return jax.tree_util.tree_map_with_path(
         lambda path, _: ("trainable" if trees.is_trainable(_path(path), regex) else "frozen"),
         params)
-  return optimizers.OptaxWrapper(
+  return t5x_optimizers.OptaxWrapper(
       optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels))
