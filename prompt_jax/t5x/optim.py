@@ -73,28 +73,30 @@ class MultiOptimizer(t5x_optimizers.MultiOptimizer):
 
   def state_dict(self, target, state):
     state_dict = super().state_dict(target, state)
-    untrained = _untrained_param_paths(target, state_dict["state"]["param_states"])
-    flat = traverse_util.flatten_dict(state_dict["state"]["param_states"], keep_empty_nodes=True)
+    flat = _flat(state_dict["state"]["param_states"])
+    untrained = _untrained_param_paths(target, flat)
     state_dict["state"]["param_states"] = traverse_util.unflatten_dict(
         {k: v for k, v in flat.items() if k not in untrained})
     return state_dict
 
   def restore_state(self, opt_target, opt_state, state_dict):
-    reference = to_state_dict(opt_state)["param_states"]
-    flat = dict(traverse_util.flatten_dict(state_dict["state"]["param_states"],
-                                           keep_empty_nodes=True))
-    for path in _untrained_param_paths(opt_target, reference):
+    flat = _flat(state_dict["state"]["param_states"])
+    for path in _untrained_param_paths(opt_target, _flat(to_state_dict(opt_state)["param_states"])):
       flat.setdefault(path, None)
     state_dict = dict(state_dict, state=dict(
         state_dict["state"], param_states=traverse_util.unflatten_dict(flat)))
     return super().restore_state(opt_target, opt_state, state_dict)
 
 
-def _untrained_param_paths(target, param_states) -> set:
+def _flat(param_states) -> dict:
+  """{key tuple: leaf} of a param_states state dict (None and empty states kept)."""
+  return dict(traverse_util.flatten_dict(param_states, keep_empty_nodes=True))
+
+
+def _untrained_param_paths(target, flat_param_states: dict) -> set:
   """The paths (key tuples) of the parameters whose optimizer state is None."""
-  flat = traverse_util.flatten_dict(param_states, keep_empty_nodes=True)
   return {path for path in traverse_util.flatten_dict(to_state_dict(target))
-          if path in flat and flat[path] is None}
+          if path in flat_param_states and flat_param_states[path] is None}
 
 
 def masked_optax(regex: Optional[str] = None):

@@ -139,11 +139,6 @@ def embedded_near_ties(prompt32: np.ndarray, prompt64: Optional[np.ndarray] = No
   return dict(zip(texts, ties.tolist()))
 
 
-def _before_eos(ids: List[int]) -> List[int]:
-  """The ids before the first EOS (1), padding (0) dropped."""
-  return [t for t in (ids[:ids.index(1)] if 1 in ids else ids) if t]
-
-
 def embedded_float64_answers(prompt: np.ndarray) -> Dict[str, Tuple[str, str]]:
   """{validation input text: (greedy answer, best label)} of the embedded default under the
   prompt-tuning prompt `prompt` [P, 64], both computed in float64: greedy decoding of 4 target
@@ -152,6 +147,7 @@ def embedded_float64_answers(prompt: np.ndarray) -> Dict[str, Tuple[str, str]]:
   leaves the label set (EOS first, another letter); elsewhere a float32 t5x and prompt-jax must
   agree but for near-ties (`embedded_near_ties(..., greedy=True)`)."""
   from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.models import decoding  # pylint: disable=g-import-not-at-top
   from tests import numerics  # pylint: disable=g-import-not-at-top
   model, with_prompt, texts, enc, label_texts, labels = _embedded_validation(prompt.shape[0])
@@ -159,6 +155,6 @@ def embedded_float64_answers(prompt: np.ndarray) -> Dict[str, Tuple[str, str]]:
     m64, p64 = numerics.in_float64(model, with_prompt(prompt, np.float64))
     scores = np.asarray(decoding.score_targets(m64, p64, enc, labels))
     tokens = np.asarray(decoding.greedy_decode(m64, p64, enc, 4))
-  greedy = [task.VOCABULARY.decode(_before_eos([int(t) for t in row])) for row in tokens]
+  greedy = [task.VOCABULARY.decode(inference.until_eos(row)) for row in tokens]
   best = [label_texts[i] for i in scores.argmax(-1)]
   return dict(zip(texts, zip(greedy, best)))
