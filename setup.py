@@ -66,5 +66,5 @@ setuptools.setup(
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "t5x": T5X_REQUIRES},
-    entry_points={"console_scripts": ["prompt-jax=prompt_jax.cli:main"]},
+    entry_points={"console_scripts": ["prompt-jax=prompt_jax.cli:console_main"]},
 )

@@ -4,4 +4,4 @@ import sys
 from prompt_jax import cli
 
 if __name__ == "__main__":
-  sys.exit(cli.main())
+  sys.exit(cli.console_main())

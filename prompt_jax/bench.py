@@ -16,6 +16,11 @@ timed steps, after warm-up/compilation), peak resident memory, and the ratios ou
 `--dtype=bfloat16` (train_step, epoch, eval) runs both sides' activations and frozen weights in
 bfloat16 (torch: the whole model in bfloat16); the prompt and its optimizer state stay float32.
 
+Our side runs under the malloc `prompt-jax` runs under (the system's, or jemalloc with
+PROMPT_JAX_MALLOC=jemalloc: prompt_jax/host_malloc.py), the reference under the system malloc,
+as its users run it; the output says which. Under jemalloc, train_step also times the reference
+under it; `--flag_sweep` also times our side under the other allocator.
+
 `--xla_flags=...` runs our side under extra XLA flags; `--flag_sweep` runs it once per entry of
 CPU_FLAG_SETS (XLA CPU options worth knowing about) and prints each against the default;
 `--record=docs/benchmarks.md` appends what was printed, with the command line, machine and
@@ -34,6 +39,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from prompt_jax import host_malloc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -341,6 +348,8 @@ SIDES = {("train_step", "ours"): _ours, ("train_step", "torch"): _torch,
 
 
 def _side(args) -> int:
+  if args.side == "ours":
+    host_malloc.configure_jax()  # as `prompt-jax` does under the allocator the side runs under
   result = SIDES[(args.what, args.side)](args)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   peak = _peak_device_bytes(args.side)
@@ -361,8 +370,18 @@ def _peak_device_bytes(side: str) -> float:
   return float(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else 0.0
 
 
-def _run_side(side: str, argv: Sequence[str], xla_flags: str = "") -> Dict[str, float]:
+def _run_side(side: str, argv: Sequence[str], xla_flags: str = "",
+              malloc: Optional[str] = None) -> Dict[str, float]:
+  """Runs one side in its own process. `malloc` ('system' or 'jemalloc', prompt_jax/
+  host_malloc.py); by default our side runs under the allocator this process runs under, as
+  `prompt-jax` would, and a reference side under the system malloc, as its users run it."""
   env = dict(os.environ)
+  if malloc is None and side != "ours":
+    malloc = "system"
+  if malloc == "system":
+    env = host_malloc.system_environ(env)
+  elif malloc == "jemalloc" and not host_malloc.preloaded():
+    env = host_malloc.jemalloc_environ(env)
   if xla_flags:
     from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
     env["XLA_FLAGS"] = xla_defaults.merge(env.get("XLA_FLAGS", ""), xla_flags)
@@ -428,6 +447,7 @@ def _train_step(args, argv, reference, say) -> None:
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
            f"{args.targets} targets, {args.dtype}")
   say(f"train_step: {shape}")
+  _say_allocators(reference, say)
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
   ours = _run_side("ours", side_argv, args.xla_flags)
   say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
@@ -443,21 +463,41 @@ def _train_step(args, argv, reference, say) -> None:
         f"peak RSS {ref['peak_rss_mb']:.0f} MB{_device_memory(ref)}")
     say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
         f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+    if host_malloc.preloaded():  # the reference would gain from jemalloc too: say by how much
+      same = _run_side(reference, side_argv, malloc="jemalloc")
+      say(f"  the reference under our allocator: {same['seconds_per_step']:.3f} s/step, peak "
+          f"RSS {same['peak_rss_mb']:.0f} MB; ratio ours/it: time "
+          f"{ours['seconds_per_step'] / same['seconds_per_step']:.2f}, memory "
+          f"{ours['peak_rss_mb'] / same['peak_rss_mb']:.2f}")
   if not args.flag_sweep:
     return
   say("  XLA flag sweep (our side; speed = default time / this time"
       f"{f', {reference} = {reference} time / this time' if ref else ''}):")
-  for name, flags in CPU_FLAG_SETS[1:]:
+  rows = [(name, flags, f"{args.xla_flags} {flags}".strip(), None)
+          for name, flags in CPU_FLAG_SETS[1:]]
+  other = "system" if host_malloc.preloaded() else "jemalloc"  # the allocator not run yet
+  if other == "system" or host_malloc.find_jemalloc():
+    rows.append((f"{other} malloc", f"{host_malloc.CHOICE}={other}", args.xla_flags, other))
+  for name, shown, xla_flags, malloc in rows:
     try:
-      r = _run_side("ours", side_argv, f"{args.xla_flags} {flags}".strip())
-    except RuntimeError as e:
-      say(f"    {name:28s} {flags}: not run ({str(e).split(': ', 1)[-1][:120]})")
+      r = _run_side("ours", side_argv, xla_flags, malloc=malloc)
+    except (RuntimeError, ValueError) as e:
+      say(f"    {name:28s} {shown}: not run ({str(e).split(': ', 1)[-1][:120]})")
       continue
     vs_ref = (f", {reference} {ref['seconds_per_step'] / r['seconds_per_step']:.2f}x"
               if ref else "")
-    say(f"    {name:28s} {flags}: {r['seconds_per_step']:.3f} s/step, speed "
+    say(f"    {name:28s} {shown}: {r['seconds_per_step']:.3f} s/step, speed "
         f"{ours['seconds_per_step'] / r['seconds_per_step']:.2f}x{vs_ref}, "
         f"peak RSS {r['peak_rss_mb']:.0f} MB")
+
+
+def _say_allocators(reference: str, say) -> None:
+  """Which malloc each side runs under (prompt_jax/host_malloc.py)."""
+  ours = host_malloc.describe()
+  line = f"  host allocator: ours {ours}"
+  if reference != "none":
+    line += f", reference {host_malloc.describe(host_malloc.system_environ(os.environ))}"
+  say(line)
 
 
 def _mfu(side) -> float:
@@ -516,6 +556,7 @@ def _tokens(side) -> str:
 
 def _epoch(args, argv, reference, say) -> None:
   say(f"epoch: {_rte_shape(args, 'train')}")
+  _say_allocators(reference, say)
   ours = _run_side("ours", argv, args.xla_flags)
   how = _padding(args) + (f", grouped by length in windows of {args.group} batches"
                           if args.group else "")
@@ -534,6 +575,7 @@ def _epoch(args, argv, reference, say) -> None:
 
 def _eval(args, argv, reference, say) -> None:
   say(f"eval: {_rte_shape(args, 'validation')}; the decoders emit exactly {args.targets} tokens")
+  _say_allocators(reference, say)
   ours = _run_side("ours", argv, args.xla_flags)
   how = _padding(args)
   say(f"  prompt_jax rank classification (2 labels, {how}): {ours['examples']} examples in "

@@ -515,6 +515,18 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   return 0
 
 
+def console_main() -> int:
+  """The `prompt-jax` program (and `python -m prompt_jax`): with PROMPT_JAX_MALLOC=jemalloc it
+  first starts itself again under jemalloc (prompt_jax/host_malloc.py), then runs `main`."""
+  from prompt_jax import host_malloc  # pylint: disable=g-import-not-at-top
+  try:
+    host_malloc.restart_under_jemalloc()
+  except (ValueError, OSError) as e:
+    return _fail("", str(e))
+  host_malloc.configure_jax()
+  return main()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
@@ -626,4 +638,4 @@ def _fail(command: str, message: str, code: int = EXIT_CONFIG_ERROR) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(console_main())
