@@ -15,6 +15,8 @@ timed steps, after warm-up/compilation), peak resident memory, and the ratios ou
 
 `--dtype=bfloat16` (train_step, epoch, eval) runs both sides' activations and frozen weights in
 bfloat16 (torch: the whole model in bfloat16); the prompt and its optimizer state stay float32.
+`--remat=POLICY` (train_step, epoch) runs our side with a remat policy (T5Config.remat_policy);
+MFU then counts the FLOPs of the step without remat, since recomputation is not useful work.
 
 Our side runs under the malloc `prompt-jax` runs under (the system's, or jemalloc with
 PROMPT_JAX_MALLOC=jemalloc: prompt_jax/host_malloc.py), the reference under the system malloc,
@@ -62,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                  help="train_step/epoch/eval: activations and frozen weights of both sides "
                       "(torch: the whole model); the prompt and its optimizer state stay float32")
+  from prompt_jax.models.config import REMAT_POLICY_NAMES  # pylint: disable=g-import-not-at-top
+  p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
+                 help="train_step/epoch: our side's remat policy (T5Config.remat_policy): what "
+                      "the backward pass recomputes instead of keeping; the reference keeps all")
   p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
   p.add_argument("--flag_sweep", action="store_true",
                  help="run our side under each of CPU_FLAG_SETS and compare with the default")
@@ -97,7 +103,7 @@ CPU_FLAG_SETS = (
 def _config(args):
   from prompt_jax.models import get_config  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  overrides = dict(dtype=getattr(jnp, args.dtype), dropout_rate=0.0)
+  overrides = dict(dtype=getattr(jnp, args.dtype), dropout_rate=0.0, remat_policy=args.remat)
   if args.num_layers:
     overrides.update(num_encoder_layers=args.num_layers, num_decoder_layers=args.num_layers)
   return get_config(args.preset, **overrides)
@@ -163,11 +169,34 @@ def _our_train_setup(args, batch, compiled_for=None):
   rng = jax.random.PRNGKey(1)
   if compiled_for is not None:
     compiled = step_fn.lower(state, frozen, batch, rng).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    compiled_for["flops"] = float((cost or {}).get("flops", 0.0))
+    compiled_for["flops"] = _flops(compiled)
     step_fn = compiled
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
+
+
+def _flops(compiled) -> float:
+  """XLA's cost analysis of a compiled program: its FLOPs."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float((cost or {}).get("flops", 0.0))
+
+
+def _useful_flops(args, batch) -> float:
+  """FLOPs of our step without remat (what MFU counts: recomputation is not useful work),
+  compiled from abstract shapes, so nothing is allocated."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
+  plain = argparse.Namespace(**dict(vars(args), remat="none"))
+  model = _our_model(plain, _config(plain))
+  tx = optimizers.adafactor().tx
+
+  def state_and_frozen():
+    trainable, frozen = _split(plain, _our_params(model, batch))
+    return state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable)), frozen
+
+  state, frozen = jax.eval_shape(state_and_frozen)
+  step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
+  return _flops(step_fn.lower(state, frozen, batch, jax.random.PRNGKey(1)).compile())
 
 
 def _split(args, params):
@@ -201,6 +230,8 @@ def _matmul_peak_flops(dtype_name: str) -> float:
 def _ours(args) -> Dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   batch = _batch(args, _config(args).vocab_size)
+  # Before anything is allocated: the compiler's memory is not the step's.
+  useful = _useful_flops(args, batch) if args.remat != "none" else None
   compiled: Dict[str, float] = {}
   step, holder = _our_train_setup(args, batch, compiled_for=compiled)
 
@@ -210,7 +241,8 @@ def _ours(args) -> Dict[str, float]:
 
   _time(one, 2)  # warm-up
   seconds = statistics.median(_time(one, args.steps))
-  return {"seconds_per_step": seconds, "flops_per_step": compiled["flops"],
+  return {"seconds_per_step": seconds, "flops_per_step": useful or compiled["flops"],
+          "flops_run": compiled["flops"],
           "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 
 
@@ -445,7 +477,7 @@ def _train_step(args, argv, reference, say) -> None:
   A side that fails raises RuntimeError; a flag set XLA rejects is reported as not run."""
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
-           f"{args.targets} targets, {args.dtype}")
+           f"{args.targets} targets, {args.dtype}{_remat(args)}")
   say(f"train_step: {shape}")
   _say_allocators(reference, say)
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
@@ -453,9 +485,12 @@ def _train_step(args, argv, reference, say) -> None:
   say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
       f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB"
       f"{_device_memory(ours)}")
+  recomputed = (f"; with the recomputation {ours['flops_run'] / 1e12:.3g} TFLOP run"
+                if args.remat != "none" else "")
   say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (XLA's "
-      f"cost analysis) per step / the {ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one "
-      f"large matmul measured in the same run")
+      f"cost analysis{' of the step without remat' if recomputed else ''}) per step / the "
+      f"{ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one large matmul measured in the "
+      f"same run{recomputed}")
   ref = None
   if reference != "none":
     ref = _run_side(reference, side_argv)
@@ -541,7 +576,11 @@ def _rte_shape(args, split: str) -> str:
   return (f"RTE {split} (super_glue_rte_v102, official files), {args.preset}"
           f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch {args.batch}, "
           f"inputs <= {args.inputs} (+{args.prompt_length} prompt), targets <= {args.targets}, "
-          f"{args.dtype}, random weights")
+          f"{args.dtype}{_remat(args) if split == 'train' else ''}, random weights")
+
+
+def _remat(args) -> str:
+  return f", our side with remat '{args.remat}'" if args.remat != "none" else ""
 
 
 def _padding(args) -> str:

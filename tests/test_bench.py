@@ -149,3 +149,17 @@ def test_bench_rte_bad_inputs_are_one_line_errors(argv, message, capsys):
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
   assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_bench_remat_counts_only_useful_flops_in_mfu(capsys):
+  """--remat=full: our side recomputes the forward pass in the backward; MFU counts the FLOPs of
+  the step without remat, and the line says how many the remat program ran (more)."""
+  assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                   "--prompt_length=2", "--steps=1", "--remat=full", "--reference=none"]) == 0
+  out = capsys.readouterr().out
+  assert "float32, our side with remat 'full'" in out
+  number = r"([0-9.]+(?:e[+-]?\d+)?)"
+  m = re.search(rf"the step's {number} TFLOP \(XLA's cost analysis of the step without remat\)"
+                rf".*with the recomputation {number} TFLOP run", out)
+  assert m, out
+  assert float(m.group(2)) > float(m.group(1)) > 0
