@@ -157,21 +157,29 @@ def _our_train_setup(args, batch, compiled_for=None):
   `compiled_for`: a dict that receives the step compiled ahead of time for `batch`'s shapes
   ("flops": XLA's cost analysis of it); the step then runs that program."""
   import jax  # pylint: disable=g-import-not-at-top
-  from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
-
-  config = _config(args)
-  model = _our_model(args, config)
-  params = _our_params(model, batch)
-  trainable, frozen = _split(args, params)
-  tx = optimizers.adafactor().tx
-  state = state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable))
-  step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
+  step_fn, state, frozen = _our_step(args, batch)
   rng = jax.random.PRNGKey(1)
   if compiled_for is not None:
     compiled = step_fn.lower(state, frozen, batch, rng).compile()
     compiled_for["flops"] = _flops(compiled)
     step_fn = compiled
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
+
+
+def _our_step(args, batch, abstract: bool = False):
+  """(jitted step, train state, frozen weights) of our prompt-tuning step; with `abstract` the
+  state and weights are shapes only (jax.eval_shape): nothing is allocated."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
+  model = _our_model(args, _config(args))
+  tx = optimizers.adafactor().tx
+
+  def state_and_frozen():
+    trainable, frozen = _split(args, _our_params(model, batch))
+    return state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable)), frozen
+
+  state, frozen = jax.eval_shape(state_and_frozen) if abstract else state_and_frozen()
+  return jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,)), state, frozen
 
 
 def _flops(compiled) -> float:
@@ -185,17 +193,8 @@ def _useful_flops(args, batch) -> float:
   """FLOPs of our step without remat (what MFU counts: recomputation is not useful work),
   compiled from abstract shapes, so nothing is allocated."""
   import jax  # pylint: disable=g-import-not-at-top
-  from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
-  plain = argparse.Namespace(**dict(vars(args), remat="none"))
-  model = _our_model(plain, _config(plain))
-  tx = optimizers.adafactor().tx
-
-  def state_and_frozen():
-    trainable, frozen = _split(plain, _our_params(model, batch))
-    return state_lib.TrainState(jax.numpy.int32(0), trainable, tx.init(trainable)), frozen
-
-  state, frozen = jax.eval_shape(state_and_frozen)
-  step_fn = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
+  step_fn, state, frozen = _our_step(argparse.Namespace(**dict(vars(args), remat="none")),
+                                     batch, abstract=True)
   return _flops(step_fn.lower(state, frozen, batch, jax.random.PRNGKey(1)).compile())
 
 
@@ -241,7 +240,7 @@ def _ours(args) -> Dict[str, float]:
 
   _time(one, 2)  # warm-up
   seconds = statistics.median(_time(one, args.steps))
-  return {"seconds_per_step": seconds, "flops_per_step": useful or compiled["flops"],
+  return {"seconds_per_step": seconds, "flops_per_step": compiled["flops"] if useful is None else useful,
           "flops_run": compiled["flops"],
           "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 
