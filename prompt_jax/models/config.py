@@ -5,7 +5,7 @@ from typing import Any, Tuple
 import jax.numpy as jnp
 
 
-REMAT_POLICY_NAMES = ("none", "minimal", "dots", "full")
+REMAT_POLICY_NAMES = ("none", "attention", "minimal", "dots", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +29,12 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   # Remat policy for layers (models/t5.py REMAT_POLICIES, t5x scalable_t5's names): 'none' (save
-  # every activation the backward pass needs), 'minimal' (save the outputs of the projections,
-  # matmuls without batch dimensions; recompute attention scores, norms and activations),
-  # 'dots' (save every matmul output, attention scores included), 'full' (save only each layer's
-  # input and recompute the layer in the backward pass).
+  # every activation the backward pass needs), 'attention' (save everything but the attention
+  # weights [batch, heads, q, k]: the backward pass recomputes scores and softmax from the saved
+  # queries, keys and the stack's bias; einsum attention only), 'minimal' (save the outputs of
+  # the projections, matmuls without batch dimensions; recompute attention scores, norms and
+  # activations), 'dots' (save every matmul output, attention scores included), 'full' (save
+  # only each layer's input and recompute the layer in the backward pass).
   remat_policy: str = "none"
   # Attention kernel (layers.dot_product_attention): 'auto' (cuDNN fused attention on GPU for
   # bfloat16/float16, the einsum path elsewhere: faster on XLA CPU than jax.nn's XLA path),

@@ -261,6 +261,7 @@ class MultiHeadDotProductAttention(nn.Module):
   kernel_init: Initializer = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
   float32_logits: bool = False
   implementation: str = "auto"  # see dot_product_attention
+  recompute_weights: bool = False  # see dot_product_attention
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array] = None,
@@ -302,7 +303,8 @@ class MultiHeadDotProductAttention(nn.Module):
                               dropout_rng=dropout_rng,
                               dropout_rate=self.dropout_rate, deterministic=deterministic,
                               dtype=self.dtype, float32_logits=self.float32_logits,
-                              implementation=self.implementation)
+                              implementation=self.implementation,
+                              recompute_weights=self.recompute_weights)
     # [batch, q, heads, kv] -> [batch, q, embed]
     return DenseGeneral(features=(inputs_q.shape[-1],), axis=(-2, -1),
                         kernel_axes=("joined_kv", "embed"), kernel_init=self.kernel_init,
@@ -389,7 +391,8 @@ softmax.defvjp(_softmax_fwd, _softmax_bwd)
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
                           dropout_rng: Optional[Array] = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, dtype: DType = jnp.float32,
-                          float32_logits: bool = False, implementation: str = "einsum") -> Array:
+                          float32_logits: bool = False, implementation: str = "einsum",
+                          recompute_weights: bool = False) -> Array:
   """Softmax(q k^T + bias) v with T5's dropout on the weights (shared across query positions).
 
   `bias` [batch|1, heads|1, q, k] is additive and already holds whatever masking the caller
@@ -397,6 +400,11 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   given. `implementation` (see `attention_implementation`): 'einsum' is the reference below;
   'xla'/'cudnn' call `jax.nn.dot_product_attention` (scale 1: T5 folds 1/sqrt(d) into the query
   init), which on GPU is cuDNN's fused attention with the bias.
+
+  `recompute_weights` (the 'attention' remat policy; einsum path): the backward pass keeps
+  only query, key, value and bias and recomputes the scores and weights from them instead of
+  keeping the weights [batch, heads, q, k], the largest array a layer keeps (the fused kernels
+  keep no weights either).
   """
   dropout = not deterministic and dropout_rate > 0.0
   impl = attention_implementation(implementation, query, key, dtype, dropout)
@@ -405,18 +413,23 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
     b = None if bias is None else jnp.asarray(bias, dtype)
     # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
     return jax.nn.dot_product_attention(q, k, v, bias=b, scale=1.0, implementation=impl)
-  if float32_logits:
-    query = query.astype(at_least_float32(query.dtype))
-    key = key.astype(at_least_float32(key.dtype))
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
-  if bias is not None:
-    logits = logits + bias.astype(logits.dtype)
-  weights = softmax(logits).astype(dtype)  # [batch, heads, q, k]
-  if dropout:
-    keep_prob = 1.0 - dropout_rate
-    dropout_shape = list(weights.shape)
-    dropout_shape[-2] = 1
-    keep = jax.random.bernoulli(dropout_rng, keep_prob, dropout_shape)
-    keep = jnp.broadcast_to(keep, weights.shape)
-    weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))  # [batch, q, heads, kv]
+  def attend(query, key, value, bias, dropout_rng):
+    if float32_logits:
+      query = query.astype(at_least_float32(query.dtype))
+      key = key.astype(at_least_float32(key.dtype))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
+    if bias is not None:
+      logits = logits + bias.astype(logits.dtype)
+    weights = softmax(logits).astype(dtype)  # [batch, heads, q, k]
+    if dropout:
+      keep_prob = 1.0 - dropout_rate
+      dropout_shape = list(weights.shape)
+      dropout_shape[-2] = 1
+      keep = jax.random.bernoulli(dropout_rng, keep_prob, dropout_shape)
+      keep = jnp.broadcast_to(keep, weights.shape)
+      weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))  # [batch, q, heads, kv]
+
+  if recompute_weights:
+    attend = jax.checkpoint(attend)  # keeps its inputs; the same key gives the same dropout
+  return attend(query, key, value, bias, dropout_rng)

@@ -228,22 +228,59 @@ def _prompt_vjp(policy, params, prompt_factory_, dtype=jnp.float32):
 
 
 def test_remat_policies_keep_less_and_give_the_same_prompt_gradient():
-  """'none' > 'dots' > 'minimal' > 'full' in what the backward pass keeps (a policy that is not
-  wired would keep what 'none' keeps), and every policy gives the prompt gradient of 'none'.
-  Recomputation fuses differently: bound from float32's own error against float64
-  (tests/numerics.py)."""
+  """'none' > 'attention' and 'none' > 'dots' > 'minimal' > 'full' in what the backward pass
+  keeps (a policy that is not wired would keep what 'none' keeps), and every policy gives the
+  prompt gradient of 'none'. 'attention' drops at least the attention weights of every layer
+  (encoder self-attention, decoder self- and cross-attention). Recomputation fuses
+  differently: bound from float32's own error against float64 (tests/numerics.py)."""
   prompt = prompt_factory(functools.partial(PromptTuning, length=2), length=2)
   params = _init(T5(TINY, prompt=prompt))["params"]
   kept = {}
   ref32 = _prompt_vjp("none", params, prompt)[1]
   with numerics.float64():
     ref64 = _prompt_vjp("none", params, prompt, jnp.float64)[1]
-  for policy in ("none", "dots", "minimal", "full"):
+  for policy in ("none", "attention", "dots", "minimal", "full"):
     kept[policy], grad = _prompt_vjp(policy, params, prompt)
     numerics.assert_close(grad, ref32, ref64, what=f"remat {policy} prompt gradient")
   assert kept["none"] > kept["dots"] > kept["minimal"] > kept["full"] > 0, kept
-  with pytest.raises(ValueError, match="remat_policy must be one of none, minimal, dots, full"):
+  enc, dec_in, _ = _batch()
+  batch, enc_len, dec_len = enc.shape[0], enc.shape[1] + 2, dec_in.shape[1]  # + 2 prompt
+  weights = sum(TINY.num_heads * q * k * 4 * batch for q, k in
+                [(enc_len, enc_len)] * TINY.num_encoder_layers
+                + [(dec_len, dec_len), (dec_len, enc_len)] * TINY.num_decoder_layers)
+  assert kept["none"] - kept["attention"] >= weights, (kept, weights)
+  with pytest.raises(ValueError,
+                     match="remat_policy must be one of none, attention, minimal, dots, full"):
     TINY.replace(remat_policy="everything")
+
+
+def test_attention_remat_recomputes_the_same_dropout():
+  """Under 'attention' the backward pass recomputes the attention weights, dropout included:
+  with attention dropout on, the prompt gradient equals the one of 'none' for the same key (a
+  recomputation that drew a new mask would differ by far more than rounding)."""
+  prompt = prompt_factory(functools.partial(PromptTuning, length=2), length=2)
+  config = TINY.replace(dropout_rate=0.3)
+  params = _init(T5(config, prompt=prompt))["params"]
+  enc, dec_in, tgt = _batch()
+  rng = jax.random.PRNGKey(7)
+
+  def grad(policy, dtype=jnp.float32):
+    model = T5(config.replace(remat_policy=policy, dtype=dtype), prompt=prompt)
+    p = numerics.cast(params, dtype)
+
+    def loss(prompt_params):
+      tree = dict(p, encoder=dict(p["encoder"], prompt=prompt_params))
+      logits = model.apply({"params": tree}, enc, dec_in, tgt, enable_dropout=True,
+                           rngs={"dropout": rng})
+      # Padded target positions attend nothing: their logits are arbitrary (left out).
+      return jnp.sum(logits ** 2 * (tgt > 0)[..., None])
+    return jax.grad(loss)(p["encoder"]["prompt"])["prompt"]["prompt"]
+
+  # All three under x64: dropout draws its masks in the precision of its keep probability, so
+  # float32 and float64 runs share masks only when both run with x64 on.
+  with numerics.float64():
+    ref32, ref64 = grad("none"), grad("none", jnp.float64)
+    numerics.assert_close(grad("attention"), ref32, ref64, what="'attention' remat, dropout")
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
