@@ -545,7 +545,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not verbose:  # a save that failed leaves orbax's coroutine unawaited: said at exit, not ours
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
                             category=RuntimeWarning)
-  with console.quiet(enabled=not verbose, tensorflow=command != "bench"):
+  # bench and plan read no data: they run where TensorFlow is absent (accelerator images).
+  with console.quiet(enabled=not verbose, tensorflow=command not in ("bench", "plan")):
     if command == "bench":
       from prompt_jax import bench  # pylint: disable=g-import-not-at-top
       return bench.main([a for a in rest if a != "--verbose"])

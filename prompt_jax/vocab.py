@@ -1,10 +1,12 @@
 """The T5 SentencePiece vocabulary (32000 pieces + 100 sentinel ids; model vocab padded to 32128)."""
 import functools
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import gin
-import seqio
+
+if TYPE_CHECKING:  # imported where used: `plan` and `bench` import this module without seqio
+  import seqio
 
 DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
 DEFAULT_EXTRA_IDS = 100
@@ -13,13 +15,14 @@ SPM_PATH_ENV = "PROMPT_JAX_SPM_PATH"
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_vocabulary(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
+def _cached_vocabulary(path: str, extra_ids: int) -> "seqio.SentencePieceVocabulary":
+  import seqio  # pylint: disable=g-import-not-at-top,redefined-outer-name
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 @gin.configurable
 def get_vocabulary(path: Optional[str] = None,
-                   extra_ids: int = DEFAULT_EXTRA_IDS) -> seqio.SentencePieceVocabulary:
+                   extra_ids: int = DEFAULT_EXTRA_IDS) -> "seqio.SentencePieceVocabulary":
   """T5's vocabulary: `path`, else $PROMPT_JAX_SPM_PATH, else T5's public GCS model."""
   path = path or os.environ.get(SPM_PATH_ENV) or DEFAULT_SPM_PATH
   if not path.startswith("gs://") and not os.path.exists(path):
@@ -29,7 +32,7 @@ def get_vocabulary(path: Optional[str] = None,
   return _cached_vocabulary(path, extra_ids)
 
 
-def check_fits(vocab: seqio.Vocabulary, embedding_rows: int) -> None:
+def check_fits(vocab: "seqio.Vocabulary", embedding_rows: int) -> None:
   """Raises if `vocab` has ids the model's embedding table cannot look up."""
   if vocab.vocab_size > embedding_rows:
     raise ValueError(

@@ -163,3 +163,44 @@ def test_bench_remat_counts_only_useful_flops_in_mfu(capsys):
                 rf".*with the recomputation {number} TFLOP run", out)
   assert m, out
   assert float(m.group(2)) > float(m.group(1)) > 0
+
+
+_ABSENT = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio")
+# Makes the packages above look uninstalled in a child process (the accelerator image has none
+# of them): importing one raises ModuleNotFoundError and importlib.util.find_spec, which
+# transformers probes, returns None.
+_SITECUSTOMIZE = f'''
+import importlib.util, sys
+ABSENT = {_ABSENT!r}
+class _Absent:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in ABSENT:
+      raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Absent())
+_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: (
+    None if name.split(".")[0] in ABSENT else _find_spec(name, package))
+'''
+
+
+def test_bench_and_plan_run_without_tensorflow_or_seqio(tmp_path):
+  """Issue 11: the GPU machines' image has no TensorFlow, seqio or TFDS. `bench train_step`
+  (both sides) and `plan` run there: a module-level `import seqio` or `import tensorflow`
+  anywhere on their path (vocab.py had one) fails this."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+  probe = subprocess.run([sys.executable, "-c", "import seqio"], env=env, capture_output=True,
+                         text=True, check=False)
+  assert probe.returncode != 0 and "No module named 'seqio'" in probe.stderr, probe.stderr
+  for argv in (["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                "--prompt_length=2", "--steps=1"],
+               ["plan", "--model=models/t5_1_1_small.gin", "--mesh=1x1", "--batch=2",
+                "--inputs=16", "--targets=4"]):
+    run = subprocess.run([sys.executable, "-m", "prompt_jax", *argv], env=env,
+                         capture_output=True, text=True, check=False, timeout=600)
+    assert run.returncode == 0, (argv, run.stdout[-2000:], run.stderr[-2000:])
+    assert ("ratio ours/reference" if argv[0] == "bench" else "per-device peak") in run.stdout
