@@ -240,7 +240,8 @@ def _ours(args) -> Dict[str, float]:
 
   _time(one, 2)  # warm-up
   seconds = statistics.median(_time(one, args.steps))
-  return {"seconds_per_step": seconds, "flops_per_step": compiled["flops"] if useful is None else useful,
+  return {"seconds_per_step": seconds,
+          "flops_per_step": compiled["flops"] if useful is None else useful,
           "flops_run": compiled["flops"],
           "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 

@@ -188,19 +188,16 @@ def test_bench_and_plan_run_without_tensorflow_or_seqio(tmp_path):
   (both sides) and `plan` run there: a module-level `import seqio` or `import tensorflow`
   anywhere on their path (vocab.py had one) fails this."""
   import os  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+  from tests.train.common import cli_subprocess  # pylint: disable=g-import-not-at-top
   (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  probe = subprocess.run([sys.executable, "-c", "import seqio"], env=env, capture_output=True,
-                         text=True, check=False)
-  assert probe.returncode != 0 and "No module named 'seqio'" in probe.stderr, probe.stderr
+  env = {"PYTHONPATH": os.pathsep.join(
+      [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+  probe = cli_subprocess([], python_code="import seqio", env=env)
+  assert probe.returncode != 0 and "No module named 'seqio'" in probe.stdout, probe.stdout
   for argv in (["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
                 "--prompt_length=2", "--steps=1"],
                ["plan", "--model=models/t5_1_1_small.gin", "--mesh=1x1", "--batch=2",
                 "--inputs=16", "--targets=4"]):
-    run = subprocess.run([sys.executable, "-m", "prompt_jax", *argv], env=env,
-                         capture_output=True, text=True, check=False, timeout=600)
-    assert run.returncode == 0, (argv, run.stdout[-2000:], run.stderr[-2000:])
+    run = cli_subprocess(argv, timeout=600, env=env)
+    assert run.returncode == 0, (argv, run.stdout[-4000:])
     assert ("ratio ours/reference" if argv[0] == "bench" else "per-device peak") in run.stdout
