@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--targets", type=int, default=8, help="target length (tokens)")
   p.add_argument("--prompt_length", type=int, default=100)
   p.add_argument("--dtype", default="bfloat16", help="activation dtype")
-  p.add_argument("--frozen_dtype", default="bfloat16", help="dtype of the frozen weights")
+  p.add_argument("--frozen_dtype", default="auto",
+                 help="dtype of the frozen weights (auto: the activation dtype, as FROZEN_DTYPE)")
   p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
                  help="remat policy (T5Config.remat_policy)")
   p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
@@ -102,10 +103,11 @@ def plan(args) -> Dict[str, float]:
   boxed = run_setup.abstract_variables(model, lengths)
   shardings = trees.flatten(run_setup.param_shardings(boxed, mesh))
   shapes = trees.flatten(trees.unbox(boxed))
-  frozen_dt = run_setup.dtype_of(args.frozen_dtype)
+  frozen_dt, frozen_exceptions = run_setup.frozen_dtypes(args.frozen_dtype, config)
   trainable = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32, sharding=shardings[k])
                for k, v in shapes.items() if trees.is_trainable(k, spec.trainable_regex)}
-  frozen = {k: jax.ShapeDtypeStruct(v.shape, frozen_dt, sharding=shardings[k])
+  frozen = {k: jax.ShapeDtypeStruct(v.shape, frozen_exceptions.get(k, frozen_dt),
+                                    sharding=shardings[k])
             for k, v in shapes.items() if k not in trainable}
   trainable, frozen = trees.unflatten(trainable), trees.unflatten(frozen)
   tx = (optimizers.adafactor() if args.optimizer == "adafactor" else optimizers.adamw()).tx
@@ -149,7 +151,10 @@ def _report(args, result: Dict[str, float]) -> None:
   data, model_parallel = _mesh_shape(args.mesh)
   print(f"plan: {args.model}, mesh {data}x{model_parallel} (data x model), batch {args.batch} x "
         f"{args.inputs} inputs (+{args.prompt_length} prompt) x {args.targets} targets, "
-        f"{args.dtype} activations, {args.frozen_dtype} frozen weights, remat {args.remat}, "
+        f"{args.dtype} activations, "
+        f"{'auto (' + args.dtype + ')' if args.frozen_dtype == 'auto' else args.frozen_dtype} "
+        f"frozen weights, "
+        f"remat {args.remat}, "
         f"{args.optimizer}")
   print(f"  parameters: {result['params_frozen']:,.0f} frozen, "
         f"{result['params_trainable']:,.0f} trainable; compiled in "

@@ -8,7 +8,7 @@
 named as t5x's examples/t5 (see `tree.expected_shapes`). Only model weights are read: optimizer
 slots are never loaded.
 """
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +30,7 @@ _READERS = {T5X_LEGACY: t5x_legacy.LegacyCheckpoint, T5X_ORBAX: orbax_format.Orb
 
 
 def load(path, config: Optional[T5Config] = None, *, dtype=None,
+         dtypes: Optional[Mapping[str, Any]] = None,
          shardings: tree_lib.ShardingsArg = None) -> Tuple[T5Config, Mapping[str, Any]]:
   """Reads the T5 weights at `path` (format detected); returns (config, nested params).
 
@@ -40,6 +41,8 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
       that shape (CheckpointError names the parameter otherwise). None: taken from the HF
       config.json, or inferred from t5x parameter shapes.
     dtype: dtype of the returned arrays (default float32).
+    dtypes: the dtype of some (or all) of them by path ('decoder/logits_dense/kernel'),
+      over `dtype`.
     shardings: None for host numpy arrays; else a pytree of jax.sharding.Sharding matching the
       params, a callable path -> Sharding ('encoder/layers_0/attention/query/kernel'), or one
       Sharding for all. Each array is then read shard by shard into a jax.Array.
@@ -53,8 +56,13 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
     hf.check_compatible(config, checkpoint_config, ckpt_dir)
   expected = tree_lib.validate(checkpoint.shapes, config, ckpt_dir)
   flat_shardings = tree_lib.resolve_shardings(shardings, expected)
-  dtype = np.dtype(jnp.dtype(np.float32 if dtype is None else dtype))
-  flat = checkpoint.restore(list(expected), dtype, flat_shardings)
+  groups: Dict[np.dtype, List[str]] = {}
+  for name in expected:
+    dt = (dtypes or {}).get(name, dtype)
+    groups.setdefault(np.dtype(jnp.dtype(np.float32 if dt is None else dt)), []).append(name)
+  flat = {}
+  for dt, names in groups.items():
+    flat.update(checkpoint.restore(names, dt, flat_shardings))
   return config, tree_lib.unflatten(flat)
 
 

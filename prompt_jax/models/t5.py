@@ -306,10 +306,17 @@ class Decoder(nn.Module):
     if cfg.logits_via_embedding:
       # Tied output projection, rescaled by 1/sqrt(emb_dim) as in Mesh TensorFlow T5.
       logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
-    else:
+    else:  # in float32 as t5x's: see float32_params
       logits = layers.DenseGeneral((cfg.vocab_size,), dtype=layers.at_least_float32(cfg.dtype),
                                    kernel_axes=("embed", "vocab"), name="logits_dense")(y)
     return layers.constrain(logits, ("batch", "length", "vocab"))  # [batch, S, vocab]
+
+
+def float32_params(config: T5Config) -> frozenset:
+  """Parameter paths the model uses in (at least) float32 whatever `config.dtype`: T5 1.1's
+  untied output projection (t5x computes logits in float32). Every other parameter is cast to
+  `config.dtype` before use, so holding it in that dtype changes no result."""
+  return frozenset() if config.logits_via_embedding else frozenset({"decoder/logits_dense/kernel"})
 
 
 class T5(nn.Module):

@@ -191,8 +191,9 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   train_writer = summaries.writer(model_dir, summaries.TRAIN_DIR)
   start = int(jax.device_get(state.step))
-  summaries.log("trainable parameters: %d, frozen parameters: %d; training steps %d -> %d",
-                run_setup.count(run.trainable), run_setup.count(run.frozen), start, total_steps)
+  summaries.log("trainable parameters: %d, frozen parameters: %d (%s); training steps %d -> %d",
+                run_setup.count(run.trainable), run_setup.count(run.frozen),
+                run_setup.count_by_dtype(run.frozen), start, total_steps)
   progress = summaries.Progress(start, total_steps, train_dataset_cfg.batch_size)
   final_metrics: Dict[str, float] = {}
   # The method's needs beyond the step (train/methods.py): IDPG's cached M(x), its summaries.
