@@ -38,8 +38,9 @@ class T5Config:
   remat_policy: str = "none"
   # Attention kernel (layers.dot_product_attention): 'auto' (cuDNN fused attention on GPU for
   # bfloat16/float16, the einsum path elsewhere: faster on XLA CPU than jax.nn's XLA path),
-  # 'cudnn', 'xla' (jax.nn.dot_product_attention's XLA path), or 'einsum' (the plain reference
-  # formulation; always used with attention dropout).
+  # 'cudnn', 'xla' (jax.nn.dot_product_attention's XLA path), 'pallas' (JAX's Pallas TPU flash
+  # attention; needs a TPU or Pallas TPU interpret mode; opt-in until measured on a TPU), or
+  # 'einsum' (the plain reference formulation; always used with attention dropout or float64).
   attention_implementation: str = "auto"
 
   def __post_init__(self):

@@ -336,24 +336,30 @@ class MultiHeadDotProductAttention(nn.Module):
     return key, value, mask, bias
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn", "pallas")
 
 
 def attention_implementation(requested: str, query: Array, key: Array, dtype: DType,
                              dropout: bool) -> str:
   """The kernel for this call: 'einsum' (reference), 'xla' or 'cudnn' (jax.nn's fused
-  attention). The fused kernels have no attention dropout and no float64; cuDNN needs
-  bfloat16/float16 and head_dim a multiple of 8, at most 128.
+  attention), 'pallas' (JAX's Pallas TPU flash attention, `_pallas_attention`). The fused
+  kernels have no attention dropout and no float64; cuDNN needs bfloat16/float16 and head_dim a
+  multiple of 8, at most 128. 'pallas' needs a TPU, or TPU interpret mode on CPU (tests): asked
+  for elsewhere it raises rather than silently running another kernel.
 
   'auto' is cuDNN where it applies, else the einsum path: jax.nn's 'xla' implementation is the
   same computation written differently, and on XLA CPU the float32 train step of T5 1.1 small
   (batch 8, this 2-core machine, runs interleaved) took 2.19 s with einsum against 2.38-2.44 s
   with it at 256 inputs, 5.12-5.62 s against 5.26-6.43 s at 512; the einsum path also keeps one
   array of attention scores per layer for the backward pass (`softmax` below): 4.85 s at 512,
-  peak RSS 2816 MB against 2763 MB with 'xla' (docs/benchmarks.md)."""
+  peak RSS 2816 MB against 2763 MB with 'xla' (docs/benchmarks.md). 'auto' never picks 'pallas':
+  it is opt-in until measured on a TPU (only its numerics are tested, in interpret mode)."""
   if requested not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
                      f"got {requested!r}")
+  if requested == "pallas" and jax.default_backend() != "tpu" and not _tpu_interpret_mode():
+    raise ValueError(f"attention_implementation='pallas' needs a TPU (the backend is "
+                     f"{jax.default_backend()!r} and Pallas TPU interpret mode is not forced)")
   if requested == "einsum" or dropout or jnp.dtype(dtype) == jnp.float64:
     return "einsum"
   if requested != "auto":
@@ -363,6 +369,25 @@ def attention_implementation(requested: str, query: Array, key: Array, dtype: DT
               and query.dtype == key.dtype == jnp.dtype(dtype)
               and head_dim % 8 == 0 and head_dim <= 128)
   return "cudnn" if cudnn_ok else "einsum"
+
+
+def _tpu_interpret_mode() -> bool:
+  """Whether Pallas TPU kernels traced here run in TPU interpret mode (on CPU): inside
+  `jax.experimental.pallas.tpu.force_tpu_interpret_mode()` or after `set_tpu_interpret_mode()`.
+  JAX has no public getter for it; both set the state that `pallas_call` itself reads when it
+  is traced, `jax._src.config.pallas_tpu_interpret_mode_context_manager`, to a TPU
+  `InterpretParams` (GPU interpret mode sets it to another class). Reading that state keeps this
+  check and the kernel in agreement, where a switch of our own could disagree with it. Should a
+  JAX release move it, this answers False and 'pallas' off TPU raises: the safe side. The
+  backward pass's kernels are traced when the gradient is taken: jax.grad (or the jit around
+  it) must run in the mode too, not only the forward call."""
+  try:
+    from jax._src import config as jax_config  # pylint: disable=g-import-not-at-top
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+    params = jax_config.pallas_tpu_interpret_mode_context_manager.value
+  except (ImportError, AttributeError):
+    return False
+  return isinstance(params, pltpu.InterpretParams)
 
 
 @jax.custom_vjp
@@ -399,15 +424,18 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   wants (-1e10 at hidden positions) and T5's relative-position bias: the kernels take it as
   given. `implementation` (see `attention_implementation`): 'einsum' is the reference below;
   'xla'/'cudnn' call `jax.nn.dot_product_attention` (scale 1: T5 folds 1/sqrt(d) into the query
-  init), which on GPU is cuDNN's fused attention with the bias.
+  init), which on GPU is cuDNN's fused attention with the bias; 'pallas' is JAX's TPU flash
+  attention kernel (`_pallas_attention`).
 
   `recompute_weights` (the 'attention' remat policy; einsum path): the backward pass keeps
   only query, key, value and bias and recomputes the scores and weights from them instead of
-  keeping the weights [batch, heads, q, k], the largest array a layer keeps (the fused kernels
-  keep no weights either).
+  keeping the weights [batch, heads, q, k], the largest array a layer keeps (the fused kernels,
+  'pallas' included, keep no weights: it is ignored for them).
   """
   dropout = not deterministic and dropout_rate > 0.0
   impl = attention_implementation(implementation, query, key, dtype, dropout)
+  if impl == "pallas":
+    return _pallas_attention(query, key, value, bias, dtype)
   if impl != "einsum":
     q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
     b = None if bias is None else jnp.asarray(bias, dtype)
@@ -433,3 +461,44 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   if recompute_weights:
     attend = jax.checkpoint(attend)  # keeps its inputs; the same key gives the same dropout
   return attend(query, key, value, bias, dropout_rng)
+
+
+# The Pallas TPU kernel's block size along both lengths (its default, BlockSizes.get_default):
+# `_pallas_attention` pads the lengths to a multiple of it, so every block divides them.
+PALLAS_BLOCK = 128
+
+
+def _pallas_attention(query: Array, key: Array, value: Array, bias: Optional[Array],
+                      dtype: DType) -> Array:
+  """softmax(q k^T + bias) v by `jax.experimental.pallas.ops.tpu.flash_attention` (scale 1; it
+  keeps the scores in float32), for query/key/value [batch, length, heads, kv].
+
+  The kernel's blocks must divide the lengths, so both are padded up to a multiple of
+  PALLAS_BLOCK with every block PALLAS_BLOCK (short ones too: a decoding step's one query runs a
+  128-row block; simple, and not measured). Padded keys get the kernel's own mask value
+  (-0.7 x float32's max), far below the caller's -1e10: they get weight exactly 0 even in a
+  query row the caller masks entirely (T5's padding positions), which then averages the real
+  keys as the einsum path does. Padded query rows are sliced off. The kernel takes the full
+  bias [batch, heads, q, k] and differentiates it with q, k, v."""
+  # Imported here: the kernel module pulls in Pallas' TPU backend, which `import layers` must
+  # neither pay for nor depend on.
+  # pylint: disable-next=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention as fa
+  batch, q_len, heads, _ = query.shape
+  k_len = key.shape[1]
+  q_pad, k_pad = -q_len % PALLAS_BLOCK, -k_len % PALLAS_BLOCK
+
+  def heads_first(x, pad):  # [batch, length, heads, kv] -> [batch, heads, padded length, kv]
+    return jnp.pad(jnp.swapaxes(jnp.asarray(x, dtype), 1, 2), ((0, 0), (0, 0), (0, pad), (0, 0)))
+
+  q, k, v = heads_first(query, q_pad), heads_first(key, k_pad), heads_first(value, k_pad)
+  b = jnp.zeros((), dtype) if bias is None else jnp.asarray(bias, dtype)
+  b = jnp.broadcast_to(b, (batch, heads, q_len, k_len))  # [batch, heads, q, k]
+  b = jnp.pad(b, ((0, 0), (0, 0), (0, 0), (0, k_pad)), constant_values=fa.DEFAULT_MASK_VALUE)
+  b = jnp.pad(b, ((0, 0), (0, 0), (0, q_pad), (0, 0)))  # [batch, heads, padded q, padded k]
+  n = PALLAS_BLOCK
+  blocks = fa.BlockSizes(block_q=n, block_k_major=n, block_k=n, block_b=1, block_q_major_dkv=n,
+                         block_k_major_dkv=n, block_k_dkv=n, block_q_dkv=n, block_k_major_dq=n,
+                         block_k_dq=n, block_q_dq=n)
+  out = fa.flash_attention(q, k, v, b, sm_scale=1.0, block_sizes=blocks)  # [b, h, padded q, kv]
+  return jnp.swapaxes(out[:, :, :q_len], 1, 2).astype(dtype)  # [batch, q, heads, kv]
