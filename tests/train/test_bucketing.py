@@ -45,6 +45,9 @@ def test_bucket_lengths_and_trim():
 
 
 def _stream(num_buckets):
+  # DatasetConfig is gin-configurable: bindings another test left (an in-process `cli.main`
+  # leaves its run's, e.g. split = 'validation') would change it.
+  gin.clear_config()
   cfg = data_lib.DatasetConfig(mixture_or_task_name="embedded_last_letter",
                                task_feature_lengths=LENGTHS, batch_size=8, shuffle=False,
                                module="prompt_jax.embedded.task")

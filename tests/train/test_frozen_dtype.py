@@ -33,6 +33,7 @@ def _tiny():
 
 
 def _batch():
+  gin.clear_config()  # no bindings another test left (DatasetConfig is gin-configurable)
   cfg = data_lib.DatasetConfig(mixture_or_task_name="embedded_last_letter",
                                task_feature_lengths=LENGTHS, batch_size=8, shuffle=False,
                                module="prompt_jax.embedded.task")

@@ -32,6 +32,7 @@ def _cfg():
 
 
 def _stream(group, num_buckets=4, shards=1, rows=(0, BATCH)):
+  gin.clear_config()  # no bindings another test left (DatasetConfig is gin-configurable)
   with gin.unlock_config():
     gin.bind_parameter("prompt_jax.length_buckets.num_buckets", num_buckets)
     gin.bind_parameter("prompt_jax.group_by_length.batches", group)
