@@ -149,12 +149,11 @@ def _size(num_bytes: float) -> str:
 
 def _report(args, result: Dict[str, float]) -> None:
   data, model_parallel = _mesh_shape(args.mesh)
+  frozen = (f"auto ({args.dtype})" if args.frozen_dtype == "auto"
+            else args.frozen_dtype)
   print(f"plan: {args.model}, mesh {data}x{model_parallel} (data x model), batch {args.batch} x "
         f"{args.inputs} inputs (+{args.prompt_length} prompt) x {args.targets} targets, "
-        f"{args.dtype} activations, "
-        f"{'auto (' + args.dtype + ')' if args.frozen_dtype == 'auto' else args.frozen_dtype} "
-        f"frozen weights, "
-        f"remat {args.remat}, "
+        f"{args.dtype} activations, {frozen} frozen weights, remat {args.remat}, "
         f"{args.optimizer}")
   print(f"  parameters: {result['params_frozen']:,.0f} frozen, "
         f"{result['params_trainable']:,.0f} trainable; compiled in "

@@ -17,19 +17,10 @@ import pytest
 from prompt_jax import partitioning, run_setup, trees
 from prompt_jax.embedded import embedded_checkpoint_path
 from prompt_jax.prompts import initializers, specs
+from tests.train import common
 from tests.train.common import cli_subprocess
 
 LENGTHS = {"inputs": 16, "targets": 4}
-
-
-def _config():
-  import gin  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
-                                                    "gin", "models", "embedded_tiny.gin")], [])
-  config = run_setup.t5_config()
-  gin.clear_config()
-  return config
 
 
 def _spec():
@@ -76,7 +67,7 @@ def _whole_init_size(tmp_path, config, spec):
 
 
 def test_prepare_from_a_checkpoint_compiles_no_whole_model_init(tmp_path):
-  config, spec = _config(), _spec()
+  config, spec = common.embedded_tiny_config(), _spec()
   run, programs = _compiled(tmp_path, lambda: run_setup.prepare(
       config=config, prompt=spec, feature_lengths=LENGTHS,
       initial_checkpoint_path=embedded_checkpoint_path(),
@@ -102,7 +93,7 @@ def test_prepare_from_a_checkpoint_compiles_no_whole_model_init(tmp_path):
 
 def test_prompt_init_values_are_those_of_the_model_init(tmp_path):
   """Initialising the prompt on its own gives exactly what the whole model's init gives it."""
-  config, spec = _config(), _spec()
+  config, spec = common.embedded_tiny_config(), _spec()
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
                           initial_checkpoint_path=embedded_checkpoint_path(),
                           trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1),
@@ -119,7 +110,7 @@ def test_prompt_init_values_are_those_of_the_model_init(tmp_path):
 
 
 def test_random_backbone_is_filled_per_array_with_the_model_initialisers(tmp_path):
-  config, spec = _config(), _spec()
+  config, spec = common.embedded_tiny_config(), _spec()
   run, programs = _compiled(tmp_path, lambda: run_setup.prepare(
       config=config, prompt=spec, feature_lengths=LENGTHS, initial_checkpoint_path=None,
       trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1)))

@@ -24,20 +24,10 @@ from prompt_jax.models import decoding
 from prompt_jax.prompts import specs
 from prompt_jax.train import data as data_lib
 from tests import numerics
+from tests.train import common
 
 LENGTHS = {"inputs": 32, "targets": 4}
 BATCH = 4
-
-
-def _tiny():
-  import os  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
-                                                    "gin", "models", "embedded_tiny.gin")], [])
-  try:
-    return run_setup.t5_config(dtype="float32").replace(dropout_rate=0.0)
-  finally:
-    gin.clear_config()
 
 
 def _inputs() -> np.ndarray:
@@ -54,7 +44,7 @@ def _inputs() -> np.ndarray:
 @pytest.fixture(params=["prefix", "suffix"])
 def runs(request):
   """(float32 run, float64 run) of the embedded backbone with a 4-token prompt at `placement`."""
-  config = _tiny()
+  config = common.embedded_tiny_config(dtype="float32", dropout_rate=0.0)
   spec = specs.prompt_tuning(length=4, placement=request.param)
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
                           initial_checkpoint_path=embedded_checkpoint_path(),

@@ -24,6 +24,20 @@ def flags(model_dir: str, steps: int, *extra: str) -> List[str]:
                        *extra]
 
 
+def embedded_tiny_config(**overrides):
+  """The embedded default's model (gin/models/embedded_tiny.gin) as a T5Config, built by
+  `prompt_jax.t5_config(**overrides)` (e.g. dropout_rate=0.0); gin's config is left cleared."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
+                                                    "gin", "models", "embedded_tiny.gin")], [])
+  try:
+    return run_setup.t5_config(**overrides)
+  finally:
+    gin.clear_config()
+
+
 def tensorboard_scalars(model_dir: str, tag: str, subdir: str = "train") -> Dict[int, float]:
   """{step: value} of a scalar summary in MODEL_DIR/<subdir>'s event files, read independently
   of our writer (TensorFlow's summary iterator)."""

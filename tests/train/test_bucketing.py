@@ -21,6 +21,7 @@ from prompt_jax.prompts import specs
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import state as state_lib
 from tests import numerics
+from tests.train import common
 
 LENGTHS = {"inputs": 32, "targets": 8}
 
@@ -62,7 +63,7 @@ def _stream(num_buckets):
 def test_bucketed_steps_equal_the_padded_steps():
   padded_stream, bucketed_stream = _stream(0), _stream(4)
   assert bucketed_stream.buckets == {"inputs": (8, 16, 24, 32), "targets": (8,)}
-  config = _tiny().replace(dropout_rate=0.0)  # the embedded tiny model, without dropout
+  config = common.embedded_tiny_config(dtype="float32", dropout_rate=0.0)  # no dropout
   spec = specs.prompt_tuning(length=4, placement="suffix")  # the prompt inside the sequence
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
                           initial_checkpoint_path=embedded_checkpoint_path(),
@@ -103,17 +104,6 @@ def test_bucketed_steps_equal_the_padded_steps():
   assert bucketed_stream.tokens_processed < padded_stream.tokens_processed
   print(f"real-token share: padded {padded_stream.tokens_real / padded_stream.tokens_processed:.2f}"
         f", bucketed {bucketed_stream.tokens_real / bucketed_stream.tokens_processed:.2f}")
-
-
-def _tiny():
-  import os  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
-                                                    "gin", "models", "embedded_tiny.gin")], [])
-  try:
-    return run_setup.t5_config(dtype="float32")
-  finally:
-    gin.clear_config()
 
 
 def test_bucketing_is_off_by_default():

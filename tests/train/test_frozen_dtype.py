@@ -4,8 +4,6 @@ Every use of a frozen weight casts it to the activation dtype first, so holding 
 under bfloat16 activations must give bitwise the same step as holding it in float32, in half the
 memory; the prompt's vocabulary-sampled init must still read the checkpoint's float32 table.
 """
-import os
-
 import gin
 import jax
 import jax.numpy as jnp
@@ -17,19 +15,10 @@ from prompt_jax.embedded import embedded_checkpoint_path
 from prompt_jax.prompts import initializers, specs
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import state as state_lib
+from tests.train import common
 
 LENGTHS = {"inputs": 32, "targets": 8}
 PROMPT = "encoder/prompt/prompt/prompt"
-
-
-def _tiny():
-  gin.clear_config()
-  gin.parse_config_files_and_bindings([os.path.join(os.path.dirname(run_setup.__file__), "..",
-                                                    "gin", "models", "embedded_tiny.gin")], [])
-  try:
-    return run_setup.t5_config().replace(dropout_rate=0.0)
-  finally:
-    gin.clear_config()
 
 
 def _batch():
@@ -48,7 +37,7 @@ def _prepare(config, spec, frozen_dtype):
 
 
 def test_auto_is_the_activation_dtype_but_for_the_float32_output_projection():
-  config = _tiny()
+  config = common.embedded_tiny_config(dropout_rate=0.0)
   assert not config.logits_via_embedding  # T5 1.1: an untied output projection
   head = {"decoder/logits_dense/kernel": jnp.float32}
   assert run_setup.frozen_dtypes("auto", config.replace(dtype=jnp.bfloat16)) == (
@@ -62,7 +51,7 @@ def test_auto_is_the_activation_dtype_but_for_the_float32_output_projection():
 
 
 def test_bfloat16_frozen_weights_give_the_float32_held_step_bitwise():
-  config = _tiny().replace(dtype=jnp.bfloat16)
+  config = common.embedded_tiny_config(dropout_rate=0.0).replace(dtype=jnp.bfloat16)
   spec = specs.prompt_tuning(length=4, init=initializers.from_sampled_vocab(population_size=200))
   held32, auto = _prepare(config, spec, "float32"), _prepare(config, spec, "auto")
   frozen32, frozen_auto = trees.flatten(held32.frozen), trees.flatten(auto.frozen)
@@ -101,7 +90,7 @@ def test_bfloat16_frozen_weights_give_the_float32_held_step_bitwise():
 
 
 def test_float32_model_keeps_float32_frozen_weights():
-  config = _tiny().replace(dtype=jnp.float32)
+  config = common.embedded_tiny_config(dropout_rate=0.0).replace(dtype=jnp.float32)
   run = _prepare(config, specs.prompt_tuning(length=4), "auto")
   assert {v.dtype for v in trees.flatten(run.frozen).values()} == {jnp.dtype(jnp.float32)}
 
@@ -109,7 +98,7 @@ def test_float32_model_keeps_float32_frozen_weights():
 def test_trained_backbone_weights_start_from_the_float32_checkpoint():
   """Full fine-tuning (or any TRAINABLE_REGEX reaching the backbone) under 'auto': what trains
   is read from the checkpoint in float32, not rounded through bfloat16; the rest is bfloat16."""
-  config = _tiny().replace(dtype=jnp.bfloat16)
+  config = common.embedded_tiny_config(dropout_rate=0.0).replace(dtype=jnp.bfloat16)
   spec = specs.prompt_tuning(length=4)
   regex = spec.trainable_regex + "|encoder/layers_0/.*"
 
