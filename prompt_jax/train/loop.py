@@ -20,6 +20,7 @@ from prompt_jax.train import losses
 from prompt_jax.train import methods
 from prompt_jax.train import optimizers
 from prompt_jax.train import run_dir
+from prompt_jax.train import startup as startup_lib
 from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
 
@@ -132,7 +133,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   newer ones are moved to MODEL_DIR/corrupt_checkpoints), stops on a non-finite loss without
   saving it, and saves a checkpoint then raises `Preempted` on SIGTERM.
   """
-  startup = summaries.StartupTimer()
+  startup = startup_lib.StartupTimer()
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
   _check_run_values(model_dir, total_steps)
@@ -160,27 +161,19 @@ def train(*, model_dir: str = gin.REQUIRED,
       mesh=mesh, vocabulary=vocabulary, random_seed=random_seed, frozen_dtype=model.frozen_dtype)
 
   tx = optimizer.tx
-  opt_shapes = jax.eval_shape(tx.init, run.trainable)
-  opt_shardings = state_lib.opt_state_shardings(opt_shapes, run.trainable,
-                                                run.trainable_shardings, mesh)
   replicated = partitioning.replicated(mesh)
-  state_shardings = state_lib.TrainState(replicated, run.trainable_shardings, opt_shardings)
-  with partitioning.axis_rules(mesh):
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(run.trainable)
-  state = state_lib.TrainState(jax.device_put(np.int32(0), replicated), run.trainable, opt_state)
+  state, state_shardings = state_lib.initial_state(run.trainable, run.trainable_shardings, tx,
+                                                   mesh)
 
   backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   mngr = checkpointing.manager(model_dir, period=checkpoint_period, keep=keep_checkpoints)
   state, position = _resume(mngr, model_dir, state, state_shardings, stream, backbone)
   write_config(model_dir)
 
-  step_fn = jax.jit(
-      guards.finite_guarded(state_lib.make_train_step(
-          run.model, tx, z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor,
-          auxiliary_loss=methods.auxiliary_loss(model.prompt, model.config, vocabulary))),
-      in_shardings=(state_shardings, run.frozen_shardings, data_sharding, replicated,
-                    replicated),
-      out_shardings=(state_shardings, replicated, replicated), donate_argnums=(0,))
+  step_fn = state_lib.jit_guarded_train_step(
+      run.model, tx, state_shardings, run.frozen_shardings, mesh, z_loss=z_loss,
+      loss_normalizing_factor=loss_normalizing_factor,
+      auxiliary_loss=methods.auxiliary_loss(model.prompt, model.config, vocabulary))
   first_bad = guards.initial_flag(replicated)
   eval_step = jax.jit(
       state_lib.make_eval_step(run.model, z_loss=z_loss,

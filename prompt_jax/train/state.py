@@ -9,9 +9,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import flax
 import flax.linen as nn
 import jax
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from prompt_jax import partitioning
+from prompt_jax.train import guards
 from prompt_jax.train import losses
 from prompt_jax.trees import merge
 
@@ -87,6 +90,34 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
+
+
+def initial_state(trainable: PyTree, trainable_shardings: PyTree,
+                  tx: optax.GradientTransformation, mesh: Mesh):
+  """(state, state shardings) at step 0: `trainable` with `tx`'s fresh state, each slot placed
+  by `opt_state_shardings`. `train` and `bench startup` start from it."""
+  opt_shapes = jax.eval_shape(tx.init, trainable)
+  opt_shardings = opt_state_shardings(opt_shapes, trainable, trainable_shardings, mesh)
+  replicated = partitioning.replicated(mesh)
+  shardings = TrainState(replicated, trainable_shardings, opt_shardings)
+  with partitioning.axis_rules(mesh):
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(trainable)
+  return TrainState(jax.device_put(np.int32(0), replicated), trainable, opt_state), shardings
+
+
+def jit_guarded_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                           state_shardings: TrainState, frozen_shardings: PyTree, mesh: Mesh,
+                           **step_kwargs) -> Callable:
+  """The train loop's step, jitted: `make_train_step(model, tx, **step_kwargs)` under
+  `guards.finite_guarded`, i.e. step(state, frozen, batch, rng, first_bad) -> (state, metrics,
+  first_bad), the batch split over `data`, the state donated. `train` and `bench startup`
+  compile this same program."""
+  replicated = partitioning.replicated(mesh)
+  return jax.jit(
+      guards.finite_guarded(make_train_step(model, tx, **step_kwargs)),
+      in_shardings=(state_shardings, frozen_shardings, partitioning.data_sharding(mesh),
+                    replicated, replicated),
+      out_shardings=(state_shardings, replicated, replicated), donate_argnums=(0,))
 
 
 def make_eval_step(model: nn.Module, *, z_loss: float = 1e-4,
