@@ -1,6 +1,8 @@
 """`prompt-jax bench train_step`: our prompt-tuning step against HF torch / PEFT, in the same run.
 (`bench epoch` / `bench eval`: real RTE against HF PEFT, see prompt_jax/bench_rte.py;
-`bench ensemble`: N prompts in one batch, see prompt_jax/bench_ensemble.py.)
+`bench ensemble`: N prompts in one batch, see prompt_jax/bench_ensemble.py; `bench startup`:
+the wait before the first step, cold and restarted, see prompt_jax/bench_startup.py; `bench
+attention`: the fused attention kernels against the einsum path, see prompt_jax/bench_attention.py.)
 
 The reference (`--reference`) is HF PEFT's prompt tuning of a T5: 'torch' writes it out (a
 frozen `T5ForConditionalGeneration` fed `inputs_embeds = [prompt; embed(inputs)]`, gradients
@@ -48,7 +50,8 @@ from prompt_jax import host_malloc
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="prompt-jax bench", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("what", choices=["train_step", "epoch", "eval", "ensemble"],
+  p.add_argument("what",
+                 choices=["train_step", "epoch", "eval", "ensemble", "startup", "attention"],
                  help="what to measure")
   p.add_argument("--preset", default="t5_1_1_small", help="T5 preset (models/config.py)")
   p.add_argument("--num_layers", type=int, default=None, help="override encoder/decoder layers")
@@ -75,9 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                  help="append the results (with command line, machine, versions) to PATH")
   p.add_argument("--side", choices=["ours", "torch", "peft"], default=None,
                  help=argparse.SUPPRESS)
-  from prompt_jax import bench_ensemble, bench_rte  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from prompt_jax import bench_ensemble, bench_rte, bench_startup
   bench_ensemble.add_arguments(p)
   bench_rte.add_arguments(p)
+  bench_startup.add_arguments(p)
   return p
 
 
@@ -110,7 +115,7 @@ def _config(args):
 
 
 def _batch(args, vocab_size: int) -> Dict[str, np.ndarray]:
-  """Random tokens; each row ends in EOS and the last quarter of rows is half padding."""
+  """Random tokens, each row ending in EOS; no padding (every position is real)."""
   rng = np.random.RandomState(0)
   enc = rng.randint(2, min(vocab_size, 32000), (args.batch, args.inputs)).astype(np.int32)
   tgt = rng.randint(2, min(vocab_size, 32000), (args.batch, args.targets)).astype(np.int32)
@@ -246,6 +251,19 @@ def _ours(args) -> Dict[str, float]:
           "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 
 
+def _startup_ours(args) -> Dict[str, float]:
+  from prompt_jax import bench_startup  # pylint: disable=g-import-not-at-top
+  config = _config(args)
+  if args.startup_phase == "write":
+    return bench_startup.write_random_checkpoint(args, config)
+  return bench_startup.start(args, config, _batch(args, config.vocab_size))
+
+
+def _attention_ours(args) -> Dict[str, float]:
+  from prompt_jax import bench_attention  # pylint: disable=g-import-not-at-top
+  return bench_attention.measure(args, _config(args))
+
+
 def _hf_model(args):
   """transformers' T5 with random weights of the preset's shapes, frozen, in --dtype."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -376,7 +394,8 @@ def _eval_peft(args) -> Dict[str, float]:
 SIDES = {("train_step", "ours"): _ours, ("train_step", "torch"): _torch,
          ("train_step", "peft"): _peft, ("epoch", "ours"): _epoch_ours,
          ("epoch", "peft"): _epoch_peft, ("eval", "ours"): _eval_ours,
-         ("eval", "peft"): _eval_peft}
+         ("eval", "peft"): _eval_peft, ("startup", "ours"): _startup_ours,
+         ("attention", "ours"): _attention_ours}
 
 
 def _side(args) -> int:
@@ -445,7 +464,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
       print(f"prompt-jax bench: error: {e}", file=sys.stderr)
       return 1
-  reference = args.reference or ("torch" if args.what == "train_step" else "peft")
+  reference = args.reference or {"train_step": "torch", "startup": "none",
+                                 "attention": "none"}.get(args.what, "peft")
   try:
     _check_reference(args.what, reference)
     if args.what in ("epoch", "eval"):
@@ -461,8 +481,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(line, flush=True)
 
   try:
-    {"train_step": _train_step, "epoch": _epoch, "eval": _eval}[args.what](
-        args, argv, reference, say)
+    {"train_step": _train_step, "epoch": _epoch, "eval": _eval, "startup": _startup,
+     "attention": _attention}[args.what](args, argv, reference, say)
   except RuntimeError as e:
     print(f"prompt-jax bench: error: {e}", file=sys.stderr)
     return 1
@@ -526,6 +546,21 @@ def _train_step(args, argv, reference, say) -> None:
         f"peak RSS {r['peak_rss_mb']:.0f} MB")
 
 
+def _startup(args, argv, reference, say) -> None:
+  """Time to the first step from a checkpoint, cold and restarted (bench_startup.py)."""
+  del reference  # the restart is compared with the first start
+  from prompt_jax import bench_startup  # pylint: disable=g-import-not-at-top
+  bench_startup.run(args, argv, say, lambda extra: _run_side("ours", [*argv, *extra],
+                                                             args.xla_flags))
+
+
+def _attention(args, argv, reference, say) -> None:
+  """The fused attention kernels against the einsum path (bench_attention.py)."""
+  del reference  # the einsum path is the reference, in the same process
+  from prompt_jax import bench_attention  # pylint: disable=g-import-not-at-top
+  bench_attention.report(args, _run_side("ours", argv, args.xla_flags), say)
+
+
 def _say_allocators(reference: str, say) -> None:
   """Which malloc each side runs under (prompt_jax/host_malloc.py)."""
   ours = host_malloc.describe()
@@ -561,6 +596,11 @@ _REFERENCE_NAMES = {
 def _check_reference(what: str, reference: str) -> None:
   """One-line errors for a reference this measurement has not, or whose packages are missing."""
   import importlib.util  # pylint: disable=g-import-not-at-top
+  if what in ("startup", "attention") and reference != "none":
+    compared = ("a restart with the first start" if what == "startup"
+                else "the kernels with the einsum path")
+    raise ValueError(f"bench {what} has no library reference (it compares {compared}): drop "
+                     f"--reference")
   if what in ("epoch", "eval") and reference == "torch":
     raise ValueError(f"bench {what} compares with the peft library: use --reference=peft "
                      f"(the default) or --reference=none")

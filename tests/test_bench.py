@@ -165,10 +165,11 @@ def test_bench_remat_counts_only_useful_flops_in_mfu(capsys):
   assert float(m.group(2)) > float(m.group(1)) > 0
 
 
-_ABSENT = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio")
+_ABSENT = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio", "clu",
+           "importlib_resources")
 # Makes the packages above look uninstalled in a child process (the accelerator image has none
-# of them): importing one raises ModuleNotFoundError and importlib.util.find_spec, which
-# transformers probes, returns None.
+# of them; gin-config travels as a wheel): importing one raises ModuleNotFoundError and
+# importlib.util.find_spec, which transformers probes, returns None.
 _SITECUSTOMIZE = f'''
 import importlib.util, sys
 ABSENT = {_ABSENT!r}
@@ -184,9 +185,10 @@ importlib.util.find_spec = lambda name, package=None: (
 
 
 def test_bench_and_plan_run_without_tensorflow_or_seqio(tmp_path):
-  """Issue 11: the GPU machines' image has no TensorFlow, seqio or TFDS. `bench train_step`
-  (both sides) and `plan` run there: a module-level `import seqio` or `import tensorflow`
-  anywhere on their path (vocab.py had one) fails this."""
+  """Issue 11: the GPU machines' image has no TensorFlow, seqio, TFDS or clu. `bench
+  train_step` (both sides), `bench startup`, `bench attention` and `plan` run there: a
+  module-level `import seqio` or `import tensorflow` anywhere on their path (vocab.py had one),
+  or clu's writers on the way to the startup timer, fails this."""
   import os  # pylint: disable=g-import-not-at-top
   from tests.train.common import cli_subprocess  # pylint: disable=g-import-not-at-top
   (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
@@ -196,8 +198,14 @@ def test_bench_and_plan_run_without_tensorflow_or_seqio(tmp_path):
   assert probe.returncode != 0 and "No module named 'seqio'" in probe.stdout, probe.stdout
   for argv in (["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
                 "--prompt_length=2", "--steps=1"],
+               ["bench", "startup", "--num_layers=1", "--batch=2", "--inputs=16",
+                "--targets=4", "--prompt_length=2"],
+               ["bench", "attention", "--batch=2", "--inputs=16", "--prompt_length=2",
+                "--steps=1"],
                ["plan", "--model=models/t5_1_1_small.gin", "--mesh=1x1", "--batch=2",
                 "--inputs=16", "--targets=4"]):
     run = cli_subprocess(argv, timeout=600, env=env)
     assert run.returncode == 0, (argv, run.stdout[-4000:])
-    assert ("ratio ours/reference" if argv[0] == "bench" else "per-device peak") in run.stdout
+    expected = {"train_step": "ratio ours/reference", "startup": "ratio restart/first start",
+                "attention": "xla ", "--model=models/t5_1_1_small.gin": "per-device peak"}
+    assert expected[argv[1]] in run.stdout, run.stdout[-4000:]
