@@ -17,6 +17,7 @@ weights, batch), outputs, temporaries (activations, gradients) and their sum les
 (donated) buffers.
 """
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -127,10 +128,14 @@ def plan(args) -> Dict[str, float]:
                                 ("decoder_target_tokens", "targets"),
                                 ("decoder_loss_weights", "targets"))}
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
-  step = jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,))
+  first_bad = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+  # The program `train` compiles: its guarded step with its in/out shardings.
+  sharding_of = functools.partial(jax.tree_util.tree_map, lambda s: s.sharding)
+  step = state_lib.jit_guarded_train_step(
+      model, tx, sharding_of(state), sharding_of(frozen), mesh)
   start = time.perf_counter()
   with partitioning.axis_rules(mesh):
-    compiled = step.lower(state, frozen, batch, rng).compile()
+    compiled = step.lower(state, frozen, batch, rng, first_bad).compile()
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   out = {name: float(getattr(memory, f"{name}_size_in_bytes", 0) or 0)
