@@ -7,7 +7,11 @@ positions, the preset's heads and head size) with T5's additive bias: a random r
 bias [1, heads, q, k] plus a padding mask (the last quarter of the rows half padding, at the end
 of the input as T5's feature converter pads). Each kernel `models.layers.dot_product_attention` can pick here runs in `--dtype`:
 'einsum' (the reference path), 'xla' (jax.nn's XLA path), 'cudnn' (GPU, bfloat16) and 'pallas'
-(TPU). Reported per kernel: the largest error of the output and of the gradients with respect to
+(TPU); 'xla+lengths' and 'cudnn+lengths' are jax.nn's kernels given the padding as sequence
+lengths and only the [1, heads, q, k] relative-position bias, instead of one [batch, heads, q, k]
+bias (less to read, and a smaller bias gradient cuDNN computes whether it is needed or not): a
+form the model does not use yet, measured here so a GPU run can say whether it should. Reported
+per kernel: the largest error of the output and of the gradients with respect to
 q, k and v against a float64 einsum computation of the same inputs (the output on real query rows
 only: a fully masked padding row sits under a -1e10 bias that float32 cannot resolve, so it gets
 no cotangent either), that error over the einsum path's own in the same dtype (the reference's
@@ -17,25 +21,27 @@ rounding is the yardstick), and the seconds of the forward and of forward + back
 """
 import statistics
 import time
-from typing import Dict, List
+from typing import Any, Dict, List
 
 
 def kernels(dtype) -> List[str]:
   """The kernels `dot_product_attention` can run here in `dtype` (the reference first)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  names = ["einsum", "xla"]
+  names = ["einsum", "xla", "xla+lengths"]
   backend = jax.default_backend()
   if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-    names.append("cudnn")
+    names += ["cudnn", "cudnn+lengths"]
   if backend == "tpu":
     names.append("pallas")
   return names
 
 
 def _inputs(args, config):
-  """float64 host arrays: q, k, v [batch, length, heads, kv], the bias [batch, heads, q, k] and
-  the real-row mask [batch, q]; the output cotangent [batch, q, heads, kv] (0 on padded rows)."""
+  """float64 host arrays: q, k, v [batch, length, heads, kv], the bias [batch, heads, q, k] (the
+  relative-position bias [1, heads, q, k] plus -1e10 where masked), the relative-position bias
+  alone, the real-row mask [batch, q]; the output cotangent [batch, q, heads, kv] (0 on padded
+  rows)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   batch, length = args.batch, args.inputs + args.prompt_length
@@ -44,11 +50,10 @@ def _inputs(args, config):
   q /= np.sqrt(kv)  # T5 folds 1/sqrt(d) into the query
   real = np.ones((batch, length), bool)  # [batch, prompt + inputs]
   real[batch - batch // 4:, length - args.inputs // 2:] = False
-  bias = np.broadcast_to(rng.standard_normal((1, heads, length, length)),
-                         (batch, heads, length, length)).copy()
-  bias += np.where(real[:, None, :] & real[:, :, None], 0.0, -1e10)[:, None]
+  relative = rng.standard_normal((1, heads, length, length))
+  bias = relative + np.where(real[:, None, :] & real[:, :, None], 0.0, -1e10)[:, None]
   cotangent *= real[:, :, None, None]  # a padded query row's output feeds no loss
-  return q, k, v, bias, real, cotangent
+  return q, k, v, bias, relative, real, cotangent
 
 
 def _time(fn, n: int) -> float:
@@ -62,17 +67,32 @@ def _time(fn, n: int) -> float:
   return statistics.median(times)
 
 
-def measure(args, config) -> Dict[str, float]:
-  """Side: every kernel's errors and seconds (see the module doc), flat for BENCH_RESULT."""
+def measure(args, config) -> Dict[str, Any]:
+  """Side: every kernel's errors and seconds (see the module doc), flat for BENCH_RESULT; a
+  kernel that fails has '<kernel>/failed': its error's first line instead."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
-  q, k, v, bias, real, cotangent = _inputs(args, config)
+  q, k, v, bias, relative, real, cotangent = _inputs(args, config)
+  lengths = real.sum(axis=1).astype(np.int32)  # [batch]: the padding is at the end
+
+  def attention(impl, dtype):
+    """impl(q, k, v, bias) -> [batch, q, heads, kv]. 'K+lengths': jax.nn's kernel K given the
+    padding as sequence lengths and only the [1, heads, q, k] relative-position bias, a form
+    the model does not use yet (a GPU measures whether it should)."""
+    if not impl.endswith("+lengths"):
+      return lambda q, k, v, b: layers.dot_product_attention(q, k, v, bias=b, dtype=dtype,
+                                                             implementation=impl)
+    return lambda q, k, v, b: jax.nn.dot_product_attention(
+        q, k, v, bias=b, scale=1.0, query_seq_lengths=jnp.asarray(lengths),
+        key_value_seq_lengths=jnp.asarray(lengths), implementation=impl.split("+")[0])
 
   def fwd_bwd(impl, dtype):
+    attend = attention(impl, dtype)
+
     def loss(q, k, v, bias, cotangent):
-      out = layers.dot_product_attention(q, k, v, bias=bias, dtype=dtype, implementation=impl)
+      out = attend(q, k, v, bias)
       return jnp.sum(out.astype(cotangent.dtype) * cotangent), out
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
     forward = jax.jit(lambda *a: loss(*a)[1])
@@ -80,11 +100,12 @@ def measure(args, config) -> Dict[str, float]:
 
   def run(impl, dtype):
     forward, grad = fwd_bwd(impl, dtype)
-    arrays = [jnp.asarray(x, dtype) for x in (q, k, v, bias)] + [jnp.asarray(cotangent,
-                                                                             jnp.float32)]
+    b = relative if impl.endswith("+lengths") else bias
+    arrays = [jnp.asarray(x, dtype) for x in (q, k, v, b)] + [jnp.asarray(cotangent,
+                                                                          jnp.float32)]
     (dq, dk, dv), out = grad(*arrays)
     values = {"out": out, "dq": dq, "dk": dk, "dv": dv}
-    host = {name: np.asarray(x.astype(jnp.float64)) for name, x in values.items()}
+    host = {name: np.asarray(x).astype(np.float64) for name, x in values.items()}
     return host, forward, grad, arrays
 
   with jax.enable_x64(True):  # only the reference: the kernels run as in training
@@ -98,10 +119,16 @@ def measure(args, config) -> Dict[str, float]:
                                * (rows if name == "out" else 1.0)))
             for name, value in host.items()}
 
-  result: Dict[str, float] = {}
+  result: Dict[str, Any] = {}
   base = None
   for impl in kernels(dtype):
-    host, forward, grad, arrays = run(impl, dtype)
+    try:
+      host, forward, grad, arrays = run(impl, dtype)
+    except Exception as e:  # pylint: disable=broad-except
+      # A kernel this device or jax version rejects (say cuDNN with this bias shape) is
+      # reported, and the others still run.
+      result[f"{impl}/failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      continue
     err = errors(host)
     if base is None:
       base = err
@@ -113,17 +140,20 @@ def measure(args, config) -> Dict[str, float]:
   return result
 
 
-def report(args, side: Dict[str, float], say) -> None:
+def report(args, side: Dict[str, Any], say) -> None:
   """The parent's lines from the side's flat result."""
-  impls = [k.split("/")[0] for k in side if k.endswith("/forward_seconds")]
+  impls = [k.split("/")[0] for k in side if k.endswith(("/forward_seconds", "/failed"))]
   say(f"attention: {args.preset}, batch {args.batch} x {args.inputs} inputs (+"
       f"{args.prompt_length} prompt), {args.dtype}; errors: largest |kernel - float64 einsum| "
       f"(x the einsum path's own error in {args.dtype})")
   base = side["einsum/forward_seconds"], side["einsum/train_seconds"]
   for impl in impls:
+    if f"{impl}/failed" in side:
+      say(f"  {impl:13s} not run: {side[f'{impl}/failed']}")
+      continue
     errs = ", ".join(f"{name} {side[f'{impl}/{name}_error']:.2e} "
                      f"(x{side[f'{impl}/{name}_vs_einsum']:.2f})"
                      for name in ("out", "dq", "dk", "dv"))
-    say(f"  {impl:7s} {errs}; forward {side[f'{impl}/forward_seconds'] * 1e3:.2f} ms, "
+    say(f"  {impl:13s} {errs}; forward {side[f'{impl}/forward_seconds'] * 1e3:.2f} ms, "
         f"forward+backward {side[f'{impl}/train_seconds'] * 1e3:.2f} ms (speed vs einsum "
         f"{base[1] / side[f'{impl}/train_seconds']:.2f}x)")
