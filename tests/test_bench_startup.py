@@ -24,6 +24,10 @@ def test_restart_loads_every_program_from_the_cache_and_computes_the_same(
   from the cache computes the loss the compiled one did, bitwise. The scratch folder (random
   checkpoint, cache) is removed."""
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  # The user's own jax cache (which `train` would use) is neither read nor written: the first
+  # start is cold whatever the user's earlier runs left there.
+  users_cache = tmp_path.parent / f"{tmp_path.name}_users_cache"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(users_cache))
   # min compile time 0: the tiny step compiles in well under jax's 1 s threshold.
   assert cli.main(["bench", "startup", *_TINY, "--cache_min_compile_secs=0"]) == 0
   out = capsys.readouterr().out
@@ -34,6 +38,7 @@ def test_restart_loads_every_program_from_the_cache_and_computes_the_same(
   assert first_s > 0 and again_s > 0
   assert "the second step's loss, first start vs restart: equal" in out, out
   assert not os.listdir(tmp_path), os.listdir(tmp_path)
+  assert not users_cache.exists() or not os.listdir(users_cache)
 
 
 def test_a_checkpoint_of_other_shapes_and_a_reference_are_one_line_errors(capsys):
