@@ -124,10 +124,13 @@ def measure(args, config) -> Dict[str, Any]:
   for impl in kernels(dtype):
     try:
       host, forward, grad, arrays = run(impl, dtype)
+      seconds = (_time(lambda f=forward, a=arrays: f(*a), args.steps),
+                 _time(lambda g=grad, a=arrays: g(*a), args.steps))
     except Exception as e:  # pylint: disable=broad-except
       # A kernel this device or jax version rejects (say cuDNN with this bias shape) is
       # reported, and the others still run.
-      result[f"{impl}/failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      first_line = (str(e).splitlines() or [""])[0]
+      result[f"{impl}/failed"] = f"{type(e).__name__}: {first_line[:200]}"
       continue
     err = errors(host)
     if base is None:
@@ -135,8 +138,7 @@ def measure(args, config) -> Dict[str, Any]:
     for name, e in err.items():
       result[f"{impl}/{name}_error"] = e
       result[f"{impl}/{name}_vs_einsum"] = e / max(base[name], np.finfo(np.float64).tiny)
-    result[f"{impl}/forward_seconds"] = _time(lambda f=forward, a=arrays: f(*a), args.steps)
-    result[f"{impl}/train_seconds"] = _time(lambda g=grad, a=arrays: g(*a), args.steps)
+    result[f"{impl}/forward_seconds"], result[f"{impl}/train_seconds"] = seconds
   return result
 
 
