@@ -464,8 +464,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
       print(f"prompt-jax bench: error: {e}", file=sys.stderr)
       return 1
-  reference = args.reference or {"train_step": "torch", "startup": "none",
-                                 "attention": "none"}.get(args.what, "peft")
+  reference = args.reference or (
+      "torch" if args.what == "train_step" else "none" if args.what in _NO_REFERENCE else "peft")
   try:
     _check_reference(args.what, reference)
     if args.what in ("epoch", "eval"):
@@ -593,14 +593,17 @@ _REFERENCE_NAMES = {
 }
 
 
+# Measurements compared within our own side, not with a library: what each compares.
+_NO_REFERENCE = {"startup": "a restart with the first start",
+                 "attention": "the kernels with the einsum path"}
+
+
 def _check_reference(what: str, reference: str) -> None:
   """One-line errors for a reference this measurement has not, or whose packages are missing."""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  if what in ("startup", "attention") and reference != "none":
-    compared = ("a restart with the first start" if what == "startup"
-                else "the kernels with the einsum path")
-    raise ValueError(f"bench {what} has no library reference (it compares {compared}): drop "
-                     f"--reference")
+  if what in _NO_REFERENCE and reference != "none":
+    raise ValueError(f"bench {what} has no library reference (it compares "
+                     f"{_NO_REFERENCE[what]}): drop --reference")
   if what in ("epoch", "eval") and reference == "torch":
     raise ValueError(f"bench {what} compares with the peft library: use --reference=peft "
                      f"(the default) or --reference=none")

@@ -17,7 +17,6 @@ weights, batch), outputs, temporaries (activations, gradients) and their sum les
 (donated) buffers.
 """
 import argparse
-import functools
 import os
 import subprocess
 import sys
@@ -112,14 +111,8 @@ def plan(args) -> Dict[str, float]:
             for k, v in shapes.items() if k not in trainable}
   trainable, frozen = trees.unflatten(trainable), trees.unflatten(frozen)
   tx = (optimizers.adafactor() if args.optimizer == "adafactor" else optimizers.adamw()).tx
-  opt_shapes = jax.eval_shape(tx.init, trainable)
-  opt_shardings = state_lib.opt_state_shardings(
-      opt_shapes, trainable, jax.tree_util.tree_map(lambda s: s.sharding, trainable), mesh)
-  opt_state = jax.tree_util.tree_map(
-      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_shapes, opt_shardings)
+  state = state_lib.abstract_state(trainable, state_lib.shardings_of(trainable), tx, mesh)
   replicated = partitioning.replicated(mesh)
-  state = state_lib.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
-                               trainable, opt_state)
   batch_sharding = partitioning.data_sharding(mesh)
   batch = {name: jax.ShapeDtypeStruct((args.batch, lengths[length]), jnp.int32,
                                       sharding=batch_sharding)
@@ -130,9 +123,8 @@ def plan(args) -> Dict[str, float]:
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
   first_bad = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
   # The program `train` compiles: its guarded step with its in/out shardings.
-  sharding_of = functools.partial(jax.tree_util.tree_map, lambda s: s.sharding)
   step = state_lib.jit_guarded_train_step(
-      model, tx, sharding_of(state), sharding_of(frozen), mesh)
+      model, tx, state_lib.shardings_of(state), state_lib.shardings_of(frozen), mesh)
   start = time.perf_counter()
   with partitioning.axis_rules(mesh):
     compiled = step.lower(state, frozen, batch, rng, first_bad).compile()

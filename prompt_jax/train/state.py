@@ -92,17 +92,35 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
   return step
 
 
-def initial_state(trainable: PyTree, trainable_shardings: PyTree,
-                  tx: optax.GradientTransformation, mesh: Mesh):
-  """(state, state shardings) at step 0: `trainable` with `tx`'s fresh state, each slot placed
-  by `opt_state_shardings`. `train` and `bench startup` start from it."""
+def abstract_state(trainable: PyTree, trainable_shardings: PyTree,
+                   tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+  """The state at step 0 as shapes placed by their shardings (jax.ShapeDtypeStruct; nothing is
+  allocated): `trainable` (arrays or shapes) by `trainable_shardings`, `tx`'s state by
+  `opt_state_shardings`, the step replicated. `plan` compiles from it; `initial_state` fills it."""
+  def placed(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
   opt_shapes = jax.eval_shape(tx.init, trainable)
   opt_shardings = opt_state_shardings(opt_shapes, trainable, trainable_shardings, mesh)
-  replicated = partitioning.replicated(mesh)
-  shardings = TrainState(replicated, trainable_shardings, opt_shardings)
+  return TrainState(placed(np.int32(0), partitioning.replicated(mesh)),
+                    jax.tree_util.tree_map(placed, trainable, trainable_shardings),
+                    jax.tree_util.tree_map(placed, opt_shapes, opt_shardings))
+
+
+def shardings_of(tree: PyTree) -> PyTree:
+  """The `.sharding` of every leaf (placed arrays or jax.ShapeDtypeStructs)."""
+  return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def initial_state(trainable: PyTree, trainable_shardings: PyTree,
+                  tx: optax.GradientTransformation, mesh: Mesh):
+  """(state, state shardings) at step 0: `trainable` with `tx`'s fresh state, placed as
+  `abstract_state` says. `train` and `bench startup` start from it."""
+  shardings = shardings_of(abstract_state(trainable, trainable_shardings, tx, mesh))
   with partitioning.axis_rules(mesh):
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(trainable)
-  return TrainState(jax.device_put(np.int32(0), replicated), trainable, opt_state), shardings
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(trainable)
+  return (TrainState(jax.device_put(np.int32(0), shardings.step), trainable, opt_state),
+          shardings)
 
 
 def jit_guarded_train_step(model: nn.Module, tx: optax.GradientTransformation,
