@@ -32,6 +32,7 @@ versions.
 """
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -156,27 +157,25 @@ def _our_model(args, config):
       functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
 
 
-def _our_train_setup(args, batch, compiled_for=None):
+def _our_train_setup(args, batch, compile_ahead: bool = False):
   """(step(state, batch) -> (state, metrics), {"state": state}): our jitted prompt-tuning step
   (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init.
-  `compiled_for`: a dict that receives the step compiled ahead of time for `batch`'s shapes
-  ("flops": XLA's cost analysis of it); the step then runs that program."""
+  `compile_ahead`: the step is compiled for `batch`'s shapes before it returns."""
   import jax  # pylint: disable=g-import-not-at-top
   step_fn, state, frozen = _our_step(args, batch)
   rng = jax.random.PRNGKey(1)
-  if compiled_for is not None:
-    compiled = step_fn.lower(state, frozen, batch, rng).compile()
-    compiled_for["flops"] = _flops(compiled)
-    step_fn = compiled
+  if compile_ahead:
+    step_fn = step_fn.lower(state, frozen, batch, rng).compile()
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
 
 
-def _our_step(args, batch, abstract: bool = False):
+def _our_step(args, batch, abstract: bool = False, **config_changes):
   """(jitted step, train state, frozen weights) of our prompt-tuning step; with `abstract` the
-  state and weights are shapes only (jax.eval_shape): nothing is allocated."""
+  state and weights are shapes only (jax.eval_shape): nothing is allocated. `config_changes`
+  replace T5Config fields of `args`' config."""
   import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
-  model = _our_model(args, _config(args))
+  model = _our_model(args, _config(args).replace(**config_changes))
   tx = optimizers.adafactor().tx
 
   def state_and_frozen():
@@ -187,20 +186,53 @@ def _our_step(args, batch, abstract: bool = False):
   return jax.jit(state_lib.make_train_step(model, tx), donate_argnums=(0,)), state, frozen
 
 
-def _flops(compiled) -> float:
-  """XLA's cost analysis of a compiled program: its FLOPs."""
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float((cost or {}).get("flops", 0.0))
+def matmul_flops(jaxpr) -> float:
+  """FLOPs of the matrix products in a (closed) jaxpr: 2 x output size x contracted size per
+  dot_general, through nested jaxprs (jit, remat, custom_vjp/jvp; a scan's body times its
+  length; a cond's costliest branch). The MFU numerator, as PaLM counts it: the traced program,
+  so the same on every backend. XLA's cost analysis is not: on a GPU the compiled matmuls are
+  cuBLAS custom calls it does not count (an H100 run read 0.15 of base's 9.3 TFLOP a step), and
+  the GPU's cost analysis of the lowered program read 0."""
+  import math  # pylint: disable=g-import-not-at-top
+  import jax.extend.core as jex  # pylint: disable=g-import-not-at-top
+
+  def inner(value):
+    if isinstance(value, jex.ClosedJaxpr):
+      return [value.jaxpr]
+    if isinstance(value, jex.Jaxpr):
+      return [value]
+    return []
+
+  def count(j) -> float:
+    total = 0.0
+    for eqn in j.eqns:
+      if eqn.primitive.name == "dot_general":
+        (contracting, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        total += (2.0 * math.prod(eqn.outvars[0].aval.shape)
+                  * math.prod(lhs[d] for d in contracting))
+        continue
+      if eqn.primitive.name == "cond":
+        total += max(count(b.jaxpr) for b in eqn.params["branches"])
+        continue
+      subs = [s for v in eqn.params.values()
+              for s in (inner(v) or [x for item in (v if isinstance(v, (tuple, list)) else ())
+                                     for x in inner(item)])]
+      times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+      total += times * sum(count(sub) for sub in subs)
+    return total
+
+  return count(jaxpr.jaxpr if isinstance(jaxpr, jex.ClosedJaxpr) else jaxpr)
 
 
-def _useful_flops(args, batch) -> float:
-  """FLOPs of our step without remat (what MFU counts: recomputation is not useful work),
-  compiled from abstract shapes, so nothing is allocated."""
+def _step_flops(args, batch, remat: str) -> float:
+  """Matmul FLOPs (`matmul_flops`) of our step under `remat`, traced from abstract shapes
+  (nothing allocated or compiled) with the einsum attention path, whose matmuls a fused kernel
+  does too: the count does not depend on the kernel the device picks."""
   import jax  # pylint: disable=g-import-not-at-top
-  step_fn, state, frozen = _our_step(argparse.Namespace(**dict(vars(args), remat="none")),
-                                     batch, abstract=True)
-  return _flops(step_fn.lower(state, frozen, batch, jax.random.PRNGKey(1)).compile())
+  step_fn, state, frozen = _our_step(argparse.Namespace(**dict(vars(args), remat=remat)), batch,
+                                     abstract=True, attention_implementation="einsum")
+  return matmul_flops(jax.make_jaxpr(step_fn)(state, frozen, batch, jax.random.PRNGKey(1)))
 
 
 def _split(args, params):
@@ -226,18 +258,25 @@ def _matmul_peak_flops(dtype_name: str) -> float:
   n, dtype = (1024, getattr(jnp, dtype_name)) if on_cpu else (8192, jnp.bfloat16)
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   matmul = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(matmul(a, a))
-  seconds = statistics.median(_time(lambda: jax.block_until_ready(matmul(a, a)), 5))
-  return 2.0 * n ** 3 / seconds
+  reps = 10
+
+  def burst():  # dispatched back to back, one wait: a wait per product undercounts the rate
+    out = None
+    for _ in range(reps):
+      out = matmul(a, a)
+    jax.block_until_ready(out)
+
+  burst()  # compile and warm up
+  return 2.0 * n ** 3 * reps / statistics.median(_time(burst, 3))
 
 
 def _ours(args) -> Dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   batch = _batch(args, _config(args).vocab_size)
-  # Before anything is allocated: the compiler's memory is not the step's.
-  useful = _useful_flops(args, batch) if args.remat != "none" else None
-  compiled: Dict[str, float] = {}
-  step, holder = _our_train_setup(args, batch, compiled_for=compiled)
+  # Useful work (no recomputation) and what the remat program runs, before anything is allocated.
+  useful = _step_flops(args, batch, "none")
+  run = _step_flops(args, batch, args.remat) if args.remat != "none" else useful
+  step, holder = _our_train_setup(args, batch, compile_ahead=True)
 
   def one():
     holder["state"], metrics = step(holder["state"], batch)
@@ -246,8 +285,8 @@ def _ours(args) -> Dict[str, float]:
   _time(one, 2)  # warm-up
   seconds = statistics.median(_time(one, args.steps))
   return {"seconds_per_step": seconds,
-          "flops_per_step": compiled["flops"] if useful is None else useful,
-          "flops_run": compiled["flops"],
+          "flops_per_step": useful,
+          "flops_run": run,
           "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
 
 
@@ -507,8 +546,8 @@ def _train_step(args, argv, reference, say) -> None:
       f"{_device_memory(ours)}")
   recomputed = (f"; with the recomputation {ours['flops_run'] / 1e12:.3g} TFLOP run"
                 if args.remat != "none" else "")
-  say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (XLA's "
-      f"cost analysis{' of the step without remat' if recomputed else ''}) per step / the "
+  say(f"  MFU {_mfu(ours):.1%}: the step's {ours['flops_per_step'] / 1e12:.3g} TFLOP (its "
+      f"matmuls{' without remat' if recomputed else ''}) per step / the "
       f"{ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one large matmul measured in the "
       f"same run{recomputed}")
   ref = None
@@ -517,7 +556,7 @@ def _train_step(args, argv, reference, say) -> None:
     say(f"  {_REFERENCE_NAMES[reference]()}: {ref['seconds_per_step']:.3f} s/step, "
         f"peak RSS {ref['peak_rss_mb']:.0f} MB{_device_memory(ref)}")
     say(f"  ratio ours/reference: time {ours['seconds_per_step'] / ref['seconds_per_step']:.2f}"
-        f", memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
+        f", {_memory_ratio(ours, ref)}")
     if host_malloc.preloaded():  # the reference would gain from jemalloc too: say by how much
       same = _run_side(reference, side_argv, malloc="jemalloc")
       say(f"  the reference under our allocator: {same['seconds_per_step']:.3f} s/step, peak "
@@ -572,6 +611,14 @@ def _say_allocators(reference: str, say) -> None:
 
 def _mfu(side) -> float:
   return side["flops_per_step"] / side["seconds_per_step"] / max(side["matmul_peak_flops"], 1.0)
+
+
+def _memory_ratio(ours, ref) -> str:
+  """Peak memory, ours / the reference's: of the accelerator where both sides ran on one (their
+  host RSS is then mostly the libraries'), else peak RSS."""
+  if ours.get("peak_device_mb") and ref.get("peak_device_mb"):
+    return f"device memory {ours['peak_device_mb'] / ref['peak_device_mb']:.2f}"
+  return f"memory {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}"
 
 
 def _device_memory(side) -> str:
@@ -680,9 +727,9 @@ def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   versions = [f"jax {jax.__version__}"]
   for name in ("flax", "torch", "transformers", "peft"):
-    try:
-      versions.append(f"{name} {__import__(name).__version__}")
-    except ImportError:
+    try:  # the installed version, without importing (torch and peft take many seconds)
+      versions.append(f"{name} {importlib.metadata.version(name)}")
+    except importlib.metadata.PackageNotFoundError:
       pass
   machine = (f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, "
              f"{jax.devices()[0].platform}; {', '.join(versions)}")

@@ -3,7 +3,8 @@ acceptance 2), read from XLA's cost analysis of the compiled programs.
 
 A full fine-tuning step (the same `make_train_step`, every parameter trainable) does, on top of
 the prompt-tuning step, one weight-gradient matmul per dense kernel: 2 x tokens x fan_in x
-fan_out FLOPs each, which we count from the model's shapes (`_weight_gradient_flops`). The
+fan_out FLOPs each, and the relative-position tables', which we count from the model's shapes
+(`_weight_gradient_flops`). The
 prompt step must be cheaper by at least 90% of that count; a step that differentiated the frozen
 weights (and dropped the result) would be about as expensive as full fine-tuning.
 """
@@ -36,7 +37,7 @@ def _batch():
 
 
 def _weight_gradient_flops() -> int:
-  """2 x tokens x fan_in x fan_out for every dense kernel of the backbone."""
+  """2 x tokens x fan_in x fan_out for every dense kernel of the backbone, and the tables."""
   e, qkv, m = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.mlp_dim
   n_mlp_in = len(CFG.mlp_activations)
   enc_tokens, dec_tokens = B * (T + P), B * S
@@ -44,7 +45,11 @@ def _weight_gradient_flops() -> int:
   dec_layer = (dec_tokens * (4 * e * qkv + n_mlp_in * e * m + m * e)  # self-attn + MLP
                + dec_tokens * 2 * e * qkv + enc_tokens * 2 * e * qkv)  # cross-attn q,o / k,v
   logits = dec_tokens * e * CFG.vocab_size
-  return 2 * (CFG.num_encoder_layers * enc_layer + CFG.num_decoder_layers * dec_layer + logits)
+  # The relative-position bias tables, [buckets, heads] x a one-hot [buckets, q, k] (t5x's
+  # matmul form), one per stack.
+  relative = CFG.relative_attention_num_buckets * CFG.num_heads * ((T + P) ** 2 + S ** 2)
+  return 2 * (CFG.num_encoder_layers * enc_layer + CFG.num_decoder_layers * dec_layer + logits
+              + relative)
 
 
 def _step_flops(model, trainable, frozen, batch) -> float:
@@ -76,3 +81,32 @@ def test_prompt_step_computes_no_frozen_weight_gradients():
   # from the prompt step (90%: the cost analysis also counts elementwise work both share).
   assert saved >= 0.9 * weight_grads, (prompt_step, full_step, weight_grads)
   assert prompt_step <= full_step - 0.9 * weight_grads
+
+
+def _jaxpr_step_flops(model, trainable, frozen, batch) -> float:
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  tx = optax.sgd(0.1)
+  state = state_lib.TrainState(jnp.int32(0), trainable, tx.init(trainable))
+  step = jax.jit(state_lib.make_train_step(model, tx))
+  return bench.matmul_flops(jax.make_jaxpr(step)(state, frozen, batch, jax.random.PRNGKey(0)))
+
+
+def test_bench_matmul_flops_count_the_step_exactly():
+  """The MFU numerator of `bench train_step` (bench.matmul_flops on the traced step, the same on
+  every backend): a full fine-tuning step runs exactly the weight-gradient matmuls more, plus the
+  activation backward of what the prompt cannot reach (decoder layer 0's self-attention). Exact
+  integers: a scan or remat body counted once or twice, or a dot missed, breaks the equality."""
+  model = T5(CFG, prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
+  batch = _batch()
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
+                                    batch["decoder_input_tokens"][:1],
+                                    batch["decoder_target_tokens"][:1],
+                                    enable_dropout=False))["params"]
+  prompt_params, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  prompt_step = _jaxpr_step_flops(model, prompt_params, frozen, batch)
+  full_step = _jaxpr_step_flops(model, params, {}, batch)
+  e, qkv, h, d = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.num_heads, CFG.head_dim
+  # Decoder layer 0's self-attention, backward with respect to its input: dx of the q, k, v
+  # and output projections, and of both score matmuls (two products each).
+  decoder_self_attention = 2 * (4 * B * S * e * qkv + 4 * B * h * S * S * d)
+  assert full_step - prompt_step == _weight_gradient_flops() + decoder_self_attention
