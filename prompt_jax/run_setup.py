@@ -184,6 +184,9 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
                       f"{jax.process_count()} processes")
 
 
+EMBEDDING = "token_embedder/embedding"
+
+
 def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
             feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
             trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
@@ -210,6 +213,12 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   # What trains is read in its own dtype (full fine-tuning starts from the float32 weights).
   load_dtypes = {p: (trainable_dt if trees.is_trainable(p, trainable_regex)
                      else frozen_exceptions.get(p, frozen_dt)) for p in backbone}
+  # Prompt inits from vocabulary embeddings (Lester et al.) read the checkpoint's float32
+  # values, not their bfloat16 rounding: the [vocab, embed] table is read in float32, copied to
+  # the host, and only then cast to the dtype it is held in (one read of it, not two).
+  held_embedding = load_dtypes.get(EMBEDDING)
+  if held_embedding is not None:
+    load_dtypes[EMBEDDING] = jnp.promote_types(jnp.float32, held_embedding)
 
   embedding = None
   if initial_checkpoint_path:
@@ -222,21 +231,19 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
       raise ConfigError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} cannot be read: "
                         f"{e}") from e
     loaded = trees.flatten(loaded)
-    table = loaded.get("token_embedder/embedding")
-    if table is not None and jnp.finfo(table.dtype).bits < 32:
-      # Prompt inits from vocabulary embeddings (Lester et al.) read the checkpoint's float32
-      # values, not their bfloat16 rounding: one more read of the [vocab, embed] table.
-      embedding = checkpoints.load_array(initial_checkpoint_path, "token_embedder/embedding",
-                                         np.float32)
+    if held_embedding is not None:
+      embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
+      loaded[EMBEDDING] = _as(loaded[EMBEDDING], held_embedding)
   else:
     logging.warning("INITIAL_CHECKPOINT_PATH is empty: the backbone is randomly initialised")
     loaded = random_backbone(abstract_model, feature_lengths, init_rng, shardings,
                              keep=lambda p: p in backbone)
 
-  if embedding is None and "token_embedder/embedding" in loaded:
-    embedding = np.asarray(_host(loaded["token_embedder/embedding"]), np.float32)
+  if embedding is None and EMBEDDING in loaded:
+    embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
   model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
-  fresh = _init(model, feature_lengths, init_rng, shardings, keep=lambda p: p not in backbone)
+  fresh = _init(model, feature_lengths, init_rng, shardings,
+                [p for p in shardings if p not in backbone])
   params = dict(loaded)
   params.update(fresh)
 
@@ -257,21 +264,19 @@ def _as(x: Array, dtype) -> Array:
   return x if x.dtype == dtype else x.astype(dtype)
 
 
-def _init(model, feature_lengths, rng, shardings, keep) -> dict:
-  """Initialises only the kept parameters (the prompt's), placed by their shardings.
+def _init(model, feature_lengths, rng, shardings, names) -> dict:
+  """Initialises only the parameters `names` (the prompt's), placed by their shardings.
 
-  The init is traced to a jaxpr (Python only, like `eval_shape`) and only the kept outputs'
-  slice of it is compiled (jit's DCE drops the backbone and the forward pass). Arrays the
-  initialisers close over (e.g. the frozen embedding table a sampled-vocabulary prompt draws
-  from, [V, H]) are passed to the program as arguments instead of being baked into it as
-  constants (a 98 MB literal for T5 base); the PRNG key is an argument too.
+  The init is traced to a jaxpr once (Python only, like `eval_shape`; the whole model's trace
+  is most of this function's time: the caller knows the names from its own abstract init) and
+  only the named outputs' slice of it is compiled (jit's DCE drops the backbone and the forward
+  pass). Arrays the initialisers close over (e.g. the frozen embedding table a sampled-vocabulary
+  prompt draws from, [V, H]) are passed to the program as arguments instead of being baked into
+  it as constants (a 98 MB literal for T5 base); the PRNG key is an argument too.
   """
-  inputs = model_inputs(1, feature_lengths)
-  abstract = trees.flatten(trees.unbox(jax.eval_shape(
-      lambda: model.init(rng, *inputs, enable_dropout=False))["params"]))
-  names = [k for k in abstract if keep(k)]
   if not names:
     return {}
+  inputs = model_inputs(1, feature_lengths)
 
   def init(rng):
     params = trees.flatten(trees.unbox(
@@ -281,7 +286,7 @@ def _init(model, feature_lengths, rng, shardings, keep) -> dict:
   mesh = shardings[next(iter(shardings))].mesh
   with partitioning.axis_rules(mesh):
     closed = jax.make_jaxpr(init, return_shape=False)(rng)
-    out_tree = jax.tree_util.tree_structure(jax.eval_shape(init, rng))
+    out_tree = jax.tree_util.tree_structure({k: 0 for k in names})
     consts = list(closed.consts)
 
     def kept(consts, rng):
