@@ -157,15 +157,12 @@ def _our_model(args, config):
       functools.partial(PromptTuning, length=args.prompt_length), args.prompt_length))
 
 
-def _our_train_setup(args, batch, compile_ahead: bool = False):
+def _our_train_setup(args, batch):
   """(step(state, batch) -> (state, metrics), {"state": state}): our jitted prompt-tuning step
-  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init.
-  `compile_ahead`: the step is compiled for `batch`'s shapes before it returns."""
+  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init."""
   import jax  # pylint: disable=g-import-not-at-top
   step_fn, state, frozen = _our_step(args, batch)
   rng = jax.random.PRNGKey(1)
-  if compile_ahead:
-    step_fn = step_fn.lower(state, frozen, batch, rng).compile()
   return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
 
 
@@ -215,9 +212,10 @@ def matmul_flops(jaxpr) -> float:
       if eqn.primitive.name == "cond":
         total += max(count(b.jaxpr) for b in eqn.params["branches"])
         continue
-      subs = [s for v in eqn.params.values()
-              for s in (inner(v) or [x for item in (v if isinstance(v, (tuple, list)) else ())
-                                     for x in inner(item)])]
+      subs = []  # jaxprs in the parameters, alone or in tuples (a while's cond and body)
+      for value in eqn.params.values():
+        for item in (value if isinstance(value, (tuple, list)) else (value,)):
+          subs += inner(item)
       times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
       total += times * sum(count(sub) for sub in subs)
     return total
@@ -276,13 +274,13 @@ def _ours(args) -> Dict[str, float]:
   # Useful work (no recomputation) and what the remat program runs, before anything is allocated.
   useful = _step_flops(args, batch, "none")
   run = _step_flops(args, batch, args.remat) if args.remat != "none" else useful
-  step, holder = _our_train_setup(args, batch, compile_ahead=True)
+  step, holder = _our_train_setup(args, batch)
 
   def one():
     holder["state"], metrics = step(holder["state"], batch)
     jax.block_until_ready(metrics["loss"])
 
-  _time(one, 2)  # warm-up
+  _time(one, 2)  # compilation and warm-up
   seconds = statistics.median(_time(one, args.steps))
   return {"seconds_per_step": seconds,
           "flops_per_step": useful,
