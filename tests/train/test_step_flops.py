@@ -62,7 +62,8 @@ def _step_flops(model, trainable, frozen, batch) -> float:
   return float(cost["flops"])
 
 
-def test_prompt_step_computes_no_frozen_weight_gradients():
+def _prompt_model():
+  """(model, batch, all params, the prompt's, the frozen rest) of a tiny prompt-tuning T5."""
   model = T5(CFG, prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
   batch = _batch()
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
@@ -70,6 +71,11 @@ def test_prompt_step_computes_no_frozen_weight_gradients():
                                     batch["decoder_target_tokens"][:1],
                                     enable_dropout=False))["params"]
   prompt_params, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  return model, batch, params, prompt_params, frozen
+
+
+def test_prompt_step_computes_no_frozen_weight_gradients():
+  model, batch, params, prompt_params, frozen = _prompt_model()
   assert trees.flatten(prompt_params).keys() == {"encoder/prompt/prompt/prompt"}
   prompt_step = _step_flops(model, prompt_params, frozen, batch)
   full_step = _step_flops(model, params, {}, batch)
@@ -96,13 +102,7 @@ def test_bench_matmul_flops_count_the_step_exactly():
   every backend): a full fine-tuning step runs exactly the weight-gradient matmuls more, plus the
   activation backward of what the prompt cannot reach (decoder layer 0's self-attention). Exact
   integers: a scan or remat body counted once or twice, or a dot missed, breaks the equality."""
-  model = T5(CFG, prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
-  batch = _batch()
-  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
-                                    batch["decoder_input_tokens"][:1],
-                                    batch["decoder_target_tokens"][:1],
-                                    enable_dropout=False))["params"]
-  prompt_params, frozen = trees.split(params, specs.DEFAULT_REGEX)
+  model, batch, params, prompt_params, frozen = _prompt_model()
   prompt_step = _jaxpr_step_flops(model, prompt_params, frozen, batch)
   full_step = _jaxpr_step_flops(model, params, {}, batch)
   e, qkv, h, d = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.num_heads, CFG.head_dim
