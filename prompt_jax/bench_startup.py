@@ -79,15 +79,22 @@ def start(args, config, batch) -> Dict[str, float]:
   mesh = partitioning.create_mesh(1)
   spec = specs.prompt_tuning(length=args.prompt_length,
                              init=initializers.from_sampled_vocab())
+  tx = optimizers.adafactor().tx
+  # As `train`: the step is compiled on a background thread while the checkpoint is read.
+  planned = run_setup.layout(config=config, prompt=spec, feature_lengths=_lengths(args),
+                             trainable_regex=spec.trainable_regex, mesh=mesh)
+  run_setup.check_sources(config, None, args.checkpoint)  # fails before compiling
+  step, ahead = state_lib.step_compiled_ahead(
+      run_setup.step_model(config, spec), tx, planned.trainable, planned.frozen, mesh,
+      {k: (v.shape, v.dtype) for k, v in batch.items()})
   restore_started = time.perf_counter()
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=_lengths(args),
                           initial_checkpoint_path=args.checkpoint,
-                          trainable_regex=spec.trainable_regex, mesh=mesh)
+                          trainable_regex=spec.trainable_regex, mesh=mesh, planned=planned)
   jax.block_until_ready((run.trainable, run.frozen))
   restore_seconds = time.perf_counter() - restore_started
-  tx = optimizers.adafactor().tx
-  state, shardings = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
-  step = state_lib.jit_guarded_train_step(run.model, tx, shardings, run.frozen_shardings, mesh)
+  state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
+  ahead.wait()
   replicated = partitioning.replicated(mesh)
   device_batch = jax.device_put(batch, partitioning.data_sharding(mesh))
   rng = jax.device_put(jax.random.PRNGKey(1), replicated)

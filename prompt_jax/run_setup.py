@@ -13,6 +13,7 @@ method by name.
 whole-model init) *before* anything is written to MODEL_DIR, so a bad configuration leaves no
 trace. It sits above models/, prompts/ and checkpoints/ and below train/ and evaluation/.
 """
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -187,32 +188,102 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
 EMBEDDING = "token_embedder/embedding"
 
 
-def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
-            feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
-            trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
-            frozen_dtype: str = AUTO) -> Run:
-  """Restores the frozen backbone (sharded) and initialises what it lacks (the prompt).
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A run's parameters before any is read or initialised: nested jax.ShapeDtypeStructs (model
+  paths) with the shapes, dtypes and shardings `prepare` gives the arrays, so the train step
+  can be compiled while the checkpoint is read. `layout()` builds it; `prepare` fills it."""
+  trainable: PyTree
+  frozen: PyTree
+  abstract_model: nn.Module
+  shardings: Mapping[str, Any]  # flat, every parameter
+  dtypes: Mapping[str, Any]  # flat, every parameter: the dtype it is held in
 
-  The frozen weights are held in `frozen_dtypes(frozen_dtype, config)`; the prompt's
-  initialisers that read the vocabulary's embeddings get them in float32 all the same."""
-  if vocabulary is not None:
-    try:
-      vocab_lib.check_fits(vocabulary, config.vocab_size)
-    except ValueError as e:
-      raise ConfigError(str(e)) from e
+
+def layout(*, config: T5Config, prompt: Optional[specs.MethodSpec],
+           feature_lengths: Mapping[str, int], trainable_regex: str, mesh: Mesh,
+           frozen_dtype: str = AUTO) -> Layout:
+  """The `Layout` of a run (one abstract init of the model: nothing allocated)."""
   if prompt is not None:
     prompt.check_fits(feature_lengths["inputs"])
   abstract_model = build_model(config, prompt)
   boxed = abstract_variables(abstract_model, feature_lengths)
   shardings = trees.flatten(param_shardings(boxed, mesh))
-  backbone = backbone_paths(config)
-  init_rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)
+  shapes = trees.flatten(trees.unbox(boxed))
   frozen_dt, frozen_exceptions = frozen_dtypes(frozen_dtype, config)
   # Trainable parameters and their optimizer state in float32 (float64 in a float64 run).
   trainable_dt = jnp.promote_types(jnp.float32, config.dtype)
+  dtypes = {p: (trainable_dt if trees.is_trainable(p, trainable_regex)
+                else frozen_exceptions.get(p, frozen_dt)) for p in shardings}
+  placed = lambda names: trees.unflatten({
+      p: jax.ShapeDtypeStruct(shapes[p].shape, dtypes[p], sharding=shardings[p]) for p in names})
+  trainable = [p for p in shardings if trees.is_trainable(p, trainable_regex)]
+  if not trainable:
+    backbone = backbone_paths(config)
+    raise ConfigError(f"TRAINABLE_REGEX {trainable_regex!r} matches no parameter; "
+                      f"parameters include {sorted(shardings)[:3]}... and "
+                      f"{sorted(p for p in shardings if p not in backbone)}")
+  return Layout(trainable=placed(trainable),
+                frozen=placed([p for p in shardings if p not in trainable]),
+                abstract_model=abstract_model, shardings=shardings, dtypes=dtypes)
+
+
+def step_model(config: T5Config, prompt: Optional[specs.MethodSpec], vocabulary=None) -> T5:
+  """The model the train step runs: `build_model` without the backbone's values, which only
+  initialisers read (`prepare`'s model holds them to initialise the prompt); the vocabulary,
+  which a placement such as 'between:<text>' reads in the forward pass, it has. Its step is
+  the same program as with `prepare`'s model (tests/train/test_step_model.py, every method),
+  and can be built before the checkpoint is read."""
+  return build_model(config, prompt, vocabulary=vocabulary)
+
+
+def check_sources(config: T5Config, vocabulary, initial_checkpoint_path: Optional[str]) -> None:
+  """The ConfigErrors `prepare` raises, in its order, before it reads any weight: a vocabulary
+  with more ids than the embedding table has rows, a path that is not a checkpoint of `config`'s
+  shapes (read from the checkpoint's metadata alone). `train` calls it before it starts
+  compiling the step, so such an error comes at once."""
+  _check_vocabulary(vocabulary, config)
+  if initial_checkpoint_path:
+    with _checkpoint_errors(initial_checkpoint_path):
+      checkpoints.check(initial_checkpoint_path, config)
+
+
+def _check_vocabulary(vocabulary, config: T5Config) -> None:
+  if vocabulary is not None:
+    try:
+      vocab_lib.check_fits(vocabulary, config.vocab_size)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+
+
+@contextlib.contextmanager
+def _checkpoint_errors(path: str):
+  try:
+    yield
+  except checkpoints.CheckpointError as e:
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} cannot be read: {e}") from e
+
+
+def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
+            feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
+            trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
+            frozen_dtype: str = AUTO, planned: Optional[Layout] = None) -> Run:
+  """Restores the frozen backbone (sharded) and initialises what it lacks (the prompt).
+
+  The frozen weights are held in `frozen_dtypes(frozen_dtype, config)`; the prompt's
+  initialisers that read the vocabulary's embeddings get them in float32 all the same.
+  `planned`: the run's `layout(...)` of the same arguments, if the caller already made it."""
+  _check_vocabulary(vocabulary, config)
+  planned = planned or layout(config=config, prompt=prompt, feature_lengths=feature_lengths,
+                              trainable_regex=trainable_regex, mesh=mesh,
+                              frozen_dtype=frozen_dtype)
+  abstract_model, shardings = planned.abstract_model, planned.shardings
+  backbone = backbone_paths(config)
+  init_rng = jax.random.fold_in(jax.random.PRNGKey(random_seed), 0)
   # What trains is read in its own dtype (full fine-tuning starts from the float32 weights).
-  load_dtypes = {p: (trainable_dt if trees.is_trainable(p, trainable_regex)
-                     else frozen_exceptions.get(p, frozen_dt)) for p in backbone}
+  load_dtypes = {p: planned.dtypes[p] for p in backbone}
   # Prompt inits from vocabulary embeddings (Lester et al.) read the checkpoint's float32
   # values, not their bfloat16 rounding: the [vocab, embed] table is read in float32, copied to
   # the host, and only then cast to the dtype it is held in (one read of it, not two).
@@ -222,14 +293,9 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
 
   embedding = None
   if initial_checkpoint_path:
-    try:
+    with _checkpoint_errors(initial_checkpoint_path):
       _, loaded = checkpoints.load(initial_checkpoint_path, config, dtypes=load_dtypes,
                                    shardings=lambda path: shardings[path])
-    except checkpoints.CheckpointError as e:
-      raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} cannot be read: "
-                        f"{e}") from e
     loaded = trees.flatten(loaded)
     if held_embedding is not None:
       embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
@@ -248,12 +314,8 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   params.update(fresh)
 
   trainable = {k: v for k, v in params.items() if trees.is_trainable(k, trainable_regex)}
-  if not trainable:
-    raise ConfigError(f"TRAINABLE_REGEX {trainable_regex!r} matches no parameter; "
-                      f"parameters include {sorted(params)[:3]}... and {sorted(fresh)}")
-  frozen = {k: _as(v, frozen_exceptions.get(k, frozen_dt))
-            for k, v in params.items() if k not in trainable}
-  trainable = {k: v.astype(trainable_dt) for k, v in trainable.items()}
+  frozen = {k: _as(v, planned.dtypes[k]) for k, v in params.items() if k not in trainable}
+  trainable = {k: v.astype(planned.dtypes[k]) for k, v in trainable.items()}
   return Run(mesh=mesh, config=config, model=model,
              trainable=trees.unflatten(trainable), frozen=trees.unflatten(frozen),
              trainable_shardings=trees.unflatten({k: shardings[k] for k in trainable}),

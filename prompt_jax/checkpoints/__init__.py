@@ -22,7 +22,7 @@ from prompt_jax.checkpoints.detect import detect_format, resolve
 from prompt_jax.checkpoints.tree import CheckpointError, expected_shapes
 from prompt_jax.models.config import T5Config
 
-__all__ = ["load", "load_array", "save", "detect_format", "expected_shapes", "CheckpointError", "FORMATS",
+__all__ = ["load", "load_array", "check", "save", "detect_format", "expected_shapes", "CheckpointError", "FORMATS",
            "HF", "T5X_LEGACY", "T5X_ORBAX"]
 
 _READERS = {T5X_LEGACY: t5x_legacy.LegacyCheckpoint, T5X_ORBAX: orbax_format.OrbaxCheckpoint,
@@ -47,14 +47,7 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
       params, a callable path -> Sharding ('encoder/layers_0/attention/query/kernel'), or one
       Sharding for all. Each array is then read shard by shard into a jax.Array.
   """
-  fmt, ckpt_dir = resolve(path)
-  checkpoint = _READERS[fmt](ckpt_dir)
-  checkpoint_config = getattr(checkpoint, "config", None)
-  if config is None:
-    config = checkpoint_config or tree_lib.infer_config(checkpoint.shapes, ckpt_dir)
-  elif checkpoint_config is not None:
-    hf.check_compatible(config, checkpoint_config, ckpt_dir)
-  expected = tree_lib.validate(checkpoint.shapes, config, ckpt_dir)
+  checkpoint, config, expected = _open(path, config)
   flat_shardings = tree_lib.resolve_shardings(shardings, expected)
   groups: Dict[np.dtype, List[str]] = {}
   for name in expected:
@@ -64,6 +57,26 @@ def load(path, config: Optional[T5Config] = None, *, dtype=None,
   for dt, names in groups.items():
     flat.update(checkpoint.restore(names, dt, flat_shardings))
   return config, tree_lib.unflatten(flat)
+
+
+def check(path, config: T5Config) -> None:
+  """Raises the CheckpointError `load(path, config)` would for a path that is not a checkpoint
+  or one of other shapes, reading only the checkpoint's metadata (`train` checks before it
+  starts compiling the step, which then overlaps the read)."""
+  _open(path, config)
+
+
+def _open(path, config: Optional[T5Config]):
+  """(reader, config, {path: expected shape}) of the checkpoint at `path`, checked against
+  `config` (None: the checkpoint's own or one inferred from its shapes)."""
+  fmt, ckpt_dir = resolve(path)
+  checkpoint = _READERS[fmt](ckpt_dir)
+  checkpoint_config = getattr(checkpoint, "config", None)
+  if config is None:
+    config = checkpoint_config or tree_lib.infer_config(checkpoint.shapes, ckpt_dir)
+  elif checkpoint_config is not None:
+    hf.check_compatible(config, checkpoint_config, ckpt_dir)
+  return checkpoint, config, tree_lib.validate(checkpoint.shapes, config, ckpt_dir)
 
 
 def load_array(path, name: str, dtype=None, config: Optional[T5Config] = None) -> np.ndarray:

@@ -403,6 +403,23 @@ class TrainStream:
     started (TensorBoard's data/real_token_share: what bucketing and grouping save)."""
     return self.tokens_real / max(self.tokens_processed, 1)
 
+  def batch_shapes(self) -> Optional[Dict[str, Tuple[Tuple[int, ...], np.dtype]]]:
+    """{feature: (global shape, dtype)} that every batch has, from tf.data's element spec
+    without reading one (`train` compiles its step for them while the checkpoint is read);
+    None when batches differ (length buckets) or tf.data leaves a length unknown."""
+    if self.buckets is not None:
+      return None
+    spec = self.iterators[self.shards[0]].element_spec
+    shapes = {}
+    for name in model_features(spec):
+      if spec[name].shape.rank is None:
+        return None
+      dims = spec[name].shape.as_list()
+      if None in dims[1:]:
+        return None
+      shapes[name] = ((self.cfg.batch_size, *dims[1:]), spec[name].dtype.as_numpy_dtype)
+    return shapes
+
   def restart(self, skip: int) -> None:
     """New pipelines positioned after `skip` batches (replaying them through tf.data)."""
     self.iterators = {k: iter(shard_dataset(self.cfg, k, self.num_shards, skip,

@@ -107,7 +107,8 @@ def train(*, model_dir: str = gin.REQUIRED,
           stop_after_step: Optional[int] = None, return_state: bool = False,
           eval_before_training: bool = False,
           infer_fn: Optional[Callable[..., Dict[str, float]]] = None,
-          cache_representations: bool = True, num_data_shards: int = 1):
+          cache_representations: bool = True, num_data_shards: int = 1,
+          compile_ahead: bool = True):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
 
   `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
@@ -123,6 +124,11 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   `stop_after_step` ends the run early right after checkpointing that step (what a kill after
   step k leaves behind). `return_state`: return (metrics, run, state) instead (tests).
+
+  `compile_ahead`: the train step is compiled on a background thread while the backbone is
+  read from INITIAL_CHECKPOINT_PATH (when every batch has the same shapes: no length buckets).
+  False compiles it at the first step, after the read (less memory at once on the host; the
+  compiler's GPU autotuning then does not run beside the restore).
 
   `num_data_shards` (K): the training split is read as K seqio shards whose rows are laid out
   the same way for any number of processes and devices (see train/data.py); it must divide
@@ -154,14 +160,36 @@ def train(*, model_dir: str = gin.REQUIRED,
   stream = data_lib.TrainStream(
       train_dataset_cfg, num_data_shards,
       data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size))
-  run = run_setup.prepare(
-      config=model.config, prompt=model.prompt,
-      feature_lengths=train_dataset_cfg.task_feature_lengths,
-      initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
-      mesh=mesh, vocabulary=vocabulary, random_seed=random_seed, frozen_dtype=model.frozen_dtype)
-
   tx = optimizer.tx
   replicated = partitioning.replicated(mesh)
+  # The step is built from the run's layout, before any weight is read, and compiled on a
+  # background thread while the checkpoint is read (`compile_ahead`).
+  planned = run_setup.layout(
+      config=model.config, prompt=model.prompt,
+      feature_lengths=train_dataset_cfg.task_feature_lengths,
+      trainable_regex=model.trainable_regex, mesh=mesh, frozen_dtype=model.frozen_dtype)
+  batch_shapes = stream.batch_shapes()  # None: batches of several shapes (length buckets)
+  reads_representations = (cache_representations and model.prompt is not None
+                           and model.prompt.representation_pooling is not None)
+  if not compile_ahead or reads_representations:  # (the cache adds a feature to the batch)
+    batch_shapes = None
+  if batch_shapes is not None:  # errors prepare would raise, before compiling
+    run_setup.check_sources(model.config, vocabulary, initial_checkpoint_path)
+  step_fn, ahead = state_lib.step_compiled_ahead(
+      run_setup.step_model(model.config, model.prompt, vocabulary), tx, planned.trainable,
+      planned.frozen, mesh, batch_shapes, z_loss=z_loss,
+      loss_normalizing_factor=loss_normalizing_factor,
+      auxiliary_loss=methods.auxiliary_loss(model.prompt, model.config, vocabulary))
+  try:
+    run = run_setup.prepare(
+        config=model.config, prompt=model.prompt,
+        feature_lengths=train_dataset_cfg.task_feature_lengths,
+        initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
+        mesh=mesh, vocabulary=vocabulary, random_seed=random_seed,
+        frozen_dtype=model.frozen_dtype, planned=planned)
+  finally:
+    if ahead is not None:  # compiled while the checkpoint was read: the first step finds it
+      ahead.wait()  # (and after an error no compile is left running behind it)
   state, state_shardings = state_lib.initial_state(run.trainable, run.trainable_shardings, tx,
                                                    mesh)
 
@@ -170,10 +198,6 @@ def train(*, model_dir: str = gin.REQUIRED,
   state, position = _resume(mngr, model_dir, state, state_shardings, stream, backbone)
   write_config(model_dir)
 
-  step_fn = state_lib.jit_guarded_train_step(
-      run.model, tx, state_shardings, run.frozen_shardings, mesh, z_loss=z_loss,
-      loss_normalizing_factor=loss_normalizing_factor,
-      auxiliary_loss=methods.auxiliary_loss(model.prompt, model.config, vocabulary))
   first_bad = guards.initial_flag(replicated)
   eval_step = jax.jit(
       state_lib.make_eval_step(run.model, z_loss=z_loss,

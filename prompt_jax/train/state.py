@@ -4,7 +4,8 @@ The trainable parameters (TRAINABLE_REGEX, see trees.py), with their optimizer s
 step, form `TrainState`; frozen parameters are a separate tree passed to the step as an
 argument: they get no gradients, never enter the optimizer state and may be held in bfloat16.
 """
-from typing import Any, Callable, Dict, Mapping, Optional
+import threading
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import flax
 import flax.linen as nn
@@ -136,6 +137,63 @@ def jit_guarded_train_step(model: nn.Module, tx: optax.GradientTransformation,
       in_shardings=(state_shardings, frozen_shardings, partitioning.data_sharding(mesh),
                     replicated, replicated),
       out_shardings=(state_shardings, replicated, replicated), donate_argnums=(0,))
+
+
+def abstract_step_args(state: TrainState, frozen: PyTree,
+                       batch_shapes: Mapping[str, Any], mesh: Mesh) -> tuple:
+  """`jit_guarded_train_step`'s arguments (state, frozen, batch, rng, first_bad) as placed
+  shapes, from the placed `state` and `frozen` and {feature: (global shape, dtype)}: what
+  `CompileAhead` compiles for."""
+  replicated = partitioning.replicated(mesh)
+  rng = jax.eval_shape(lambda: jax.random.fold_in(jax.random.PRNGKey(0), 1))
+  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=partitioning.data_sharding(mesh))
+           for k, (shape, dtype) in batch_shapes.items()}
+  return (state, frozen, batch, jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated),
+          jax.ShapeDtypeStruct((), guards.initial_flag(replicated).dtype, sharding=replicated))
+
+
+class CompileAhead:
+  """Compiles the jitted `fn` for abstract `args` (jax.ShapeDtypeStructs with shardings) on a
+  background thread, so the compile overlaps what the caller does meanwhile: `train` reads the
+  checkpoint. jit's in-memory caches then serve `fn`'s first call with arguments of those
+  shapes, dtypes and shardings: the call neither traces nor compiles again. `wait()` before that
+  call (else it would compile a second time). Harmless when the arguments turn out otherwise:
+  the call compiles as it would have. A failure here is kept, not raised: the call compiles the
+  program itself and raises it where it would have."""
+
+  def __init__(self, fn: Callable, args: Sequence[Any], mesh: Mesh):
+    self.error: Optional[BaseException] = None
+
+    def work():
+      try:
+        with partitioning.axis_rules(mesh):  # thread-local: the call's rules, here too
+          fn.lower(*args).compile()
+      except Exception as e:  # pylint: disable=broad-except
+        self.error = e
+
+    self._thread = threading.Thread(target=work, name="prompt_jax-compile-ahead", daemon=True)
+    self._thread.start()
+
+  def wait(self) -> Optional[BaseException]:
+    """Blocks until the compile is done; returns its failure, if any."""
+    self._thread.join()
+    return self.error
+
+
+def step_compiled_ahead(model: nn.Module, tx: optax.GradientTransformation, trainable: PyTree,
+                        frozen: PyTree, mesh: Mesh,
+                        batch_shapes: Optional[Mapping[str, Any]], **step_kwargs):
+  """(step, CompileAhead or None): `jit_guarded_train_step` of `model` for parameters still to
+  be read, given as placed shapes (`run_setup.layout`'s `trainable`/`frozen`), and with
+  {feature: (global shape, dtype)} its compile started on a background thread. `train` and
+  `bench startup` call this before reading the checkpoint, then `.wait()` before the first
+  step; without `batch_shapes` the step compiles at its first call."""
+  state = abstract_state(trainable, shardings_of(trainable), tx, mesh)
+  step = jit_guarded_train_step(model, tx, shardings_of(state), shardings_of(frozen), mesh,
+                                **step_kwargs)
+  if batch_shapes is None:
+    return step, None
+  return step, CompileAhead(step, abstract_step_args(state, frozen, batch_shapes, mesh), mesh)
 
 
 def make_eval_step(model: nn.Module, *, z_loss: float = 1e-4,
