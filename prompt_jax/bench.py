@@ -32,7 +32,6 @@ versions.
 """
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -723,12 +722,10 @@ def _eval(args, argv, reference, say) -> None:
 def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   """Appends the run to a markdown file: command line, machine, versions, then the output."""
   import jax  # pylint: disable=g-import-not-at-top
-  versions = [f"jax {jax.__version__}"]
-  for name in ("flax", "torch", "transformers", "peft"):
-    try:  # the installed version, without importing (torch and peft take many seconds)
-      versions.append(f"{name} {importlib.metadata.version(name)}")
-    except importlib.metadata.PackageNotFoundError:
-      pass
+  # The installed versions, without importing (torch and peft take many seconds).
+  installed = {name: _version(name) for name in ("flax", "torch", "transformers", "peft")}
+  versions = [f"jax {jax.__version__}"] + [f"{name} {version}" for name, version in
+                                          installed.items() if version != "?"]
   machine = (f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, "
              f"{jax.devices()[0].platform}; {', '.join(versions)}")
   when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -20,7 +20,6 @@ rounding is the yardstick), and the seconds of the forward and of forward + back
   prompt-jax bench attention --preset=t5_1_1_base --batch=32 --inputs=512 --dtype=bfloat16
 """
 import statistics
-import time
 from typing import Any, Dict, List
 
 
@@ -57,14 +56,12 @@ def _inputs(args, config):
 
 
 def _time(fn, n: int) -> float:
+  """Median seconds of `fn` (to its results being ready) over n runs, after one to compile."""
   import jax  # pylint: disable=g-import-not-at-top
-  jax.block_until_ready(fn())  # compile
-  times = []
-  for _ in range(n):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  run = lambda: jax.block_until_ready(fn())
+  run()  # compile
+  return statistics.median(bench._time(run, n))  # pylint: disable=protected-access
 
 
 def measure(args, config) -> Dict[str, Any]:

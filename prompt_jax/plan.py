@@ -83,7 +83,7 @@ def plan(args) -> Dict[str, float]:
   """Compiles the train step for `args` on the current devices; returns per-device bytes."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from prompt_jax import partitioning, run_setup, trees  # pylint: disable=g-import-not-at-top
+  from prompt_jax import partitioning, run_setup  # pylint: disable=g-import-not-at-top
   from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
@@ -99,35 +99,25 @@ def plan(args) -> Dict[str, float]:
                       f"devices")
   lengths = {"inputs": args.inputs, "targets": args.targets}
   spec = specs.prompt_tuning(length=args.prompt_length)
-  model = run_setup.build_model(config, spec)
-  boxed = run_setup.abstract_variables(model, lengths)
-  shardings = trees.flatten(run_setup.param_shardings(boxed, mesh))
-  shapes = trees.flatten(trees.unbox(boxed))
-  frozen_dt, frozen_exceptions = run_setup.frozen_dtypes(args.frozen_dtype, config)
-  trainable = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32, sharding=shardings[k])
-               for k, v in shapes.items() if trees.is_trainable(k, spec.trainable_regex)}
-  frozen = {k: jax.ShapeDtypeStruct(v.shape, frozen_exceptions.get(k, frozen_dt),
-                                    sharding=shardings[k])
-            for k, v in shapes.items() if k not in trainable}
-  trainable, frozen = trees.unflatten(trainable), trees.unflatten(frozen)
+  # The program `train` compiles: its guarded step for the run's layout, with its shardings.
+  planned = run_setup.layout(config=config, prompt=spec, feature_lengths=lengths,
+                             trainable_regex=spec.trainable_regex, mesh=mesh,
+                             frozen_dtype=args.frozen_dtype)
+  trainable, frozen = planned.trainable, planned.frozen
   tx = (optimizers.adafactor() if args.optimizer == "adafactor" else optimizers.adamw()).tx
   state = state_lib.abstract_state(trainable, state_lib.shardings_of(trainable), tx, mesh)
-  replicated = partitioning.replicated(mesh)
-  batch_sharding = partitioning.data_sharding(mesh)
-  batch = {name: jax.ShapeDtypeStruct((args.batch, lengths[length]), jnp.int32,
-                                      sharding=batch_sharding)
-           for name, length in (("encoder_input_tokens", "inputs"),
-                                ("decoder_input_tokens", "targets"),
-                                ("decoder_target_tokens", "targets"),
-                                ("decoder_loss_weights", "targets"))}
-  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
-  first_bad = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-  # The program `train` compiles: its guarded step with its in/out shardings.
   step = state_lib.jit_guarded_train_step(
-      model, tx, state_lib.shardings_of(state), state_lib.shardings_of(frozen), mesh)
+      run_setup.step_model(config, spec), tx, state_lib.shardings_of(state),
+      state_lib.shardings_of(frozen), mesh)
+  batch_shapes = {name: ((args.batch, lengths[length]), jnp.int32)
+                  for name, length in (("encoder_input_tokens", "inputs"),
+                                       ("decoder_input_tokens", "targets"),
+                                       ("decoder_target_tokens", "targets"),
+                                       ("decoder_loss_weights", "targets"))}
   start = time.perf_counter()
   with partitioning.axis_rules(mesh):
-    compiled = step.lower(state, frozen, batch, rng, first_bad).compile()
+    compiled = step.lower(*state_lib.abstract_step_args(state, frozen, batch_shapes,
+                                                        mesh)).compile()
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   out = {name: float(getattr(memory, f"{name}_size_in_bytes", 0) or 0)
