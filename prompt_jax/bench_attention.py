@@ -9,8 +9,8 @@ of the input as T5's feature converter pads). Each kernel `models.layers.dot_pro
 'einsum' (the reference path), 'xla' (jax.nn's XLA path), 'cudnn' (GPU, bfloat16) and 'pallas'
 (TPU); 'xla+lengths' and 'cudnn+lengths' are jax.nn's kernels given the padding as sequence
 lengths and only the [1, heads, q, k] relative-position bias, instead of one [batch, heads, q, k]
-bias (less to read, and a smaller bias gradient cuDNN computes whether it is needed or not): a
-form the model does not use yet, measured here so a GPU run can say whether it should. Reported
+bias (less to read, and a smaller bias gradient cuDNN computes whether it is needed or not): the
+form the encoder uses with jax.nn's kernels (`layers.PaddedBias`; 'auto' on GPU). Reported
 per kernel: the largest error of the output and of the gradients with respect to
 q, k and v against a float64 einsum computation of the same inputs (the output on real query rows
 only: a fully masked padding row sits under a -1e10 bias that float32 cannot resolve, so it gets
@@ -76,14 +76,15 @@ def measure(args, config) -> Dict[str, Any]:
 
   def attention(impl, dtype):
     """impl(q, k, v, bias) -> [batch, q, heads, kv]. 'K+lengths': jax.nn's kernel K given the
-    padding as sequence lengths and only the [1, heads, q, k] relative-position bias, a form
-    the model does not use yet (a GPU measures whether it should)."""
+    padding as sequence lengths and only the [1, heads, q, k] relative-position bias, as the
+    encoder gives it (`layers.PaddedBias`)."""
     if not impl.endswith("+lengths"):
       return lambda q, k, v, b: layers.dot_product_attention(q, k, v, bias=b, dtype=dtype,
                                                              implementation=impl)
-    return lambda q, k, v, b: jax.nn.dot_product_attention(
-        q, k, v, bias=b, scale=1.0, query_seq_lengths=jnp.asarray(lengths),
-        key_value_seq_lengths=jnp.asarray(lengths), implementation=impl.split("+")[0])
+    n = jnp.asarray(lengths)
+    return lambda q, k, v, b: layers.dot_product_attention(
+        q, k, v, bias=layers.PaddedBias(b, n, n), dtype=dtype,
+        implementation=impl.split("+")[0])
 
   def fwd_bwd(impl, dtype):
     attend = attention(impl, dtype)

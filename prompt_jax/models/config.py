@@ -41,6 +41,8 @@ class T5Config:
   # 'cudnn', 'xla' (jax.nn.dot_product_attention's XLA path), 'pallas' (JAX's Pallas TPU flash
   # attention; needs a TPU or Pallas TPU interpret mode; opt-in until measured on a TPU), or
   # 'einsum' (the plain reference formulation; always used with attention dropout or float64).
+  # With jax.nn's kernels the encoder gives the padding as sequence lengths and the relative
+  # bias as [1, heads, T, T] where the padding is at the end of each row (layers.PaddedBias).
   attention_implementation: str = "auto"
 
   def __post_init__(self):

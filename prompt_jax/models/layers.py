@@ -5,7 +5,7 @@ Every parameter is created through `_param` with t5x's logical axis names (`voca
 parameter names are the checkpoint paths t5x writes.
 """
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
 import jax
@@ -238,6 +238,41 @@ def attention_bias(mask: Optional[Array], bias: Optional[Array],
   return combine_biases(masked, bias)
 
 
+class PaddedBias(NamedTuple):
+  """An attention bias whose mask is padding alone, with each row's padding at its end: T5's
+  relative-position bias [1, heads, q, k] (or None) and each row's number of real queries and
+  keys [batch] int32. jax.nn's kernels take this form as it is ('xla', and cuDNN's fused
+  attention, where it is the kernel's sequence lengths: no [batch, heads, q, k] bias is built, and
+  the backward pass writes the bias gradient at [1, heads, q, k]); every other implementation
+  expands it (`dense`). Either way the outputs at padded query rows are 0 (they are never read: a
+  padded position is masked wherever it is a key, and it has no loss)."""
+  bias: Optional[Array]  # [1, heads, q, k]
+  query_lengths: Array  # [batch] int32
+  key_lengths: Array  # [batch] int32
+
+  def query_valid(self, q_len: int) -> Array:
+    return jnp.arange(q_len)[None, :] < self.query_lengths[:, None]  # [batch, q]
+
+  def dense(self, q_len: int, k_len: int, dtype: DType) -> Array:
+    """[batch, heads|1, q, k]: the same bias as `attention_bias` of the equivalent mask."""
+    key_valid = jnp.arange(k_len)[None, :] < self.key_lengths[:, None]  # [batch, k]
+    mask = make_attention_mask(self.query_valid(q_len), key_valid, dtype=dtype)
+    return attention_bias(mask, self.bias, dtype)
+
+
+AttentionBias = Union[Array, PaddedBias]
+
+
+def trailing_lengths(valid: Array) -> Tuple[Array, Array]:
+  """(lengths [batch] int32, trailing [batch] bool) of a validity mask [batch, length]: each row's
+  number of real positions and whether they are its first ones (its padding at the end, as
+  seqio pads). `PaddedBias` describes only rows where `trailing` holds."""
+  lengths = jnp.sum(valid, axis=-1, dtype=jnp.int32)  # [batch]
+  positions = jnp.arange(valid.shape[-1])[None, :]
+  trailing = jnp.all((valid > 0) == (positions < lengths[:, None]), axis=-1)  # [batch]
+  return lengths, trailing
+
+
 def combine_biases(*biases: Optional[Array]) -> Optional[Array]:
   biases = [b for b in biases if b is not None]
   if not biases:
@@ -265,8 +300,10 @@ class MultiHeadDotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array] = None,
-               bias: Optional[Array] = None, *, kv_prefix: Optional[KVPrefix] = None,
+               bias: Optional[AttentionBias] = None, *, kv_prefix: Optional[KVPrefix] = None,
                decode: bool = False, deterministic: bool = True) -> Array:
+    """`bias`: T5's relative-position bias [1, heads, q, k] or the stack's combined bias
+    [batch|1, heads, q, k], or a `PaddedBias` (then `mask` must be None: it holds the mask)."""
     features = (self.num_heads, self.head_dim)
     # numpy, not jnp: the initialiser may run outside this trace (run_setup.random_backbone);
     # float64 sqrt rounded to float32 equals float32's correctly rounded sqrt.
@@ -284,6 +321,9 @@ class MultiHeadDotProductAttention(nn.Module):
     if decode:
       key, value, mask, bias = self._update_cache(key, value, mask, bias)
 
+    padded = bias if isinstance(bias, PaddedBias) else None
+    if padded is not None and (mask is not None or decode):
+      raise ValueError("a PaddedBias holds the whole mask: pass mask=None, and no decode cache")
     if kv_prefix is not None:
       k_prefix, v_prefix = kv_prefix  # [batch, prefix, heads, kv]
       batch, prefix = k_prefix.shape[:2]
@@ -292,14 +332,21 @@ class MultiHeadDotProductAttention(nn.Module):
       if mask is not None:
         ones = jnp.ones(mask.shape[:-1] + (prefix,), mask.dtype)  # [batch, 1, q, prefix]
         mask = jnp.concatenate([ones, mask], axis=-1)
-      if bias is not None:
-        zeros = jnp.zeros(bias.shape[:-1] + (prefix,), bias.dtype)  # [1, heads, q, prefix]
-        bias = jnp.concatenate([zeros, bias], axis=-1)
+      relative = padded.bias if padded is not None else bias
+      if relative is not None:
+        zeros = jnp.zeros(relative.shape[:-1] + (prefix,), relative.dtype)  # [1|b, heads, q, P]
+        relative = jnp.concatenate([zeros, relative], axis=-1)
+      if padded is not None:  # the prefix keys come first and are always real: still trailing
+        bias = padded._replace(bias=relative, key_lengths=padded.key_lengths + prefix)
+      else:
+        bias = relative
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    x = dot_product_attention(query, key, value, bias=attention_bias(mask, bias, self.dtype),
+    if not isinstance(bias, PaddedBias):
+      bias = attention_bias(mask, bias, self.dtype)
+    x = dot_product_attention(query, key, value, bias=bias,
                               dropout_rng=dropout_rng,
                               dropout_rate=self.dropout_rate, deterministic=deterministic,
                               dtype=self.dtype, float32_logits=self.float32_logits,
@@ -371,6 +418,15 @@ def attention_implementation(requested: str, query: Array, key: Array, dtype: DT
   return "cudnn" if cudnn_ok else "einsum"
 
 
+def takes_sequence_lengths(requested: str, dtype: DType, head_dim: int) -> bool:
+  """Whether `attention_implementation(requested, ...)` picks one of jax.nn's kernels ('xla',
+  'cudnn'), which take a `PaddedBias` as sequence lengths, for attention without dropout in
+  `dtype` with `head_dim`: the stacks then build a PaddedBias instead of the [batch, heads, q, k]
+  bias (which they build once for all layers for every other kernel)."""
+  probe = jax.ShapeDtypeStruct((1, 1, 1, head_dim), jnp.dtype(dtype))
+  return attention_implementation(requested, probe, probe, dtype, False) in ("xla", "cudnn")
+
+
 def _tpu_interpret_mode() -> bool:
   """Whether Pallas TPU kernels traced here run in TPU interpret mode (on CPU): inside
   `jax.experimental.pallas.tpu.force_tpu_interpret_mode()` or after `set_tpu_interpret_mode()`.
@@ -413,7 +469,8 @@ def _softmax_bwd(y: Array, g: Array):
 softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
-def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional[Array] = None,
+def dot_product_attention(query: Array, key: Array, value: Array,
+                          bias: Optional[AttentionBias] = None,
                           dropout_rng: Optional[Array] = None, dropout_rate: float = 0.0,
                           deterministic: bool = True, dtype: DType = jnp.float32,
                           float32_logits: bool = False, implementation: str = "einsum",
@@ -431,9 +488,30 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Optional
   only query, key, value and bias and recomputes the scores and weights from them instead of
   keeping the weights [batch, heads, q, k], the largest array a layer keeps (the fused kernels,
   'pallas' included, keep no weights: it is ignored for them).
+
+  `bias` may be a `PaddedBias` (padding at the end of each row, as lengths): jax.nn's kernels
+  take it as sequence lengths, the others its `dense` form; padded query rows come out 0.
   """
   dropout = not deterministic and dropout_rate > 0.0
   impl = attention_implementation(implementation, query, key, dtype, dropout)
+  if isinstance(bias, PaddedBias):
+    padded = bias
+    if impl in ("xla", "cudnn"):
+      q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
+      b = None if padded.bias is None else jnp.asarray(padded.bias, dtype)
+      # A row of padding alone (length 0: a batch's filler example without a prompt) is given
+      # one position: with none, a kernel's softmax over no key may be 0/0, and NaN in a padded
+      # row would reach the loss through 0 x NaN. Its outputs are zeroed below all the same.
+      at_least_one = lambda n: jnp.maximum(n, 1).astype(jnp.int32)  # [batch]
+      out = jax.nn.dot_product_attention(
+          q, k, v, bias=b, scale=1.0, query_seq_lengths=at_least_one(padded.query_lengths),
+          key_value_seq_lengths=at_least_one(padded.key_lengths), implementation=impl)
+    else:
+      out = dot_product_attention(
+          query, key, value, padded.dense(query.shape[1], key.shape[1], dtype), dropout_rng,
+          dropout_rate, deterministic, dtype, float32_logits, implementation, recompute_weights)
+    keep = padded.query_valid(query.shape[1])[:, :, None, None]  # [batch, q, 1, 1]
+    return jnp.where(keep, out, jnp.zeros((), out.dtype))  # [batch, q, heads, kv]
   if impl == "pallas":
     return _pallas_attention(query, key, value, bias, dtype)
   if impl != "einsum":

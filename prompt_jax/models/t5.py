@@ -28,7 +28,7 @@ passes one (the trainer caches it per example), else runs the frozen encoder onc
 `PromptContext.task_ids`; methods that keep no per-task parameters ignore it.
 """
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -110,11 +110,12 @@ def _relpos(config: T5Config) -> layers.RelativePositionBiases:
 
 class EncoderLayer(nn.Module):
   """`attention_bias` [batch|1, heads, T, T]: the stack's mask and relative-position bias, added
-  to the attention logits (`layers.attention_bias`, computed once per stack)."""
+  to the attention logits (`layers.attention_bias`, computed once per stack), or the same as a
+  `layers.PaddedBias` (`Encoder.self_attention_bias`)."""
   config: T5Config
 
   @nn.compact
-  def __call__(self, inputs: Array, attention_bias: Optional[Array] = None,
+  def __call__(self, inputs: Array, attention_bias: Optional[layers.AttentionBias] = None,
                kv_prefix: Optional[layers.KVPrefix] = None, deterministic: bool = True) -> Array:
     cfg = self.config
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_attention_layer_norm")(inputs)
@@ -205,14 +206,36 @@ class Encoder(nn.Module):
   def frozen_representation(self, embedded: Array, valid: Array) -> Array:
     """[B, H]: the frozen layers + final norm on the raw input (no prompt, no hook, no dropout),
     pooled by `representation_pooling`; no gradient flows into it."""
-    cfg = self.config
-    bias = self.attention_bias(layers.make_attention_mask(valid, valid, dtype=cfg.dtype),
-                               valid.shape[-1])
-    x = embedded.astype(cfg.dtype)
+    bias, trailing = self.self_attention_bias(valid)
+    x = embedded.astype(self.config.dtype)
     for layer in self.layers:
       x = layer(x, bias, None, True)  # [B, T, H]
-    x = self.encoder_norm(x)
+    x = _poison(self.encoder_norm(x), trailing)
     return jax.lax.stop_gradient(pool(x, valid, self.representation_pooling))
+
+  def self_attention_bias(self, valid: Array, mask: Optional[Array] = None
+                          ) -> Tuple[layers.AttentionBias, Optional[Array]]:
+    """(bias, trailing): the self-attention bias of every layer, computed once, for positions
+    `valid` [batch, T] and the mask [batch, 1, T, T] (None: padding alone, valid x valid).
+
+    With a padding-alone mask and one of jax.nn's kernels (cuDNN on GPU in bfloat16: 'auto'),
+    the bias is a `layers.PaddedBias`: the relative-position bias [1, heads, T, T] and each row's
+    length, which assumes the padding is at the end of each row, as seqio's feature converters
+    pad and every placement keeps it (a prompt method that masks some of its own positions,
+    IPT, gives a mask: dense form). `trailing` [batch] says where that holds; rows where it does
+    not are NaN at the encoder's output (`_poison`), so a run fed other padding stops at its
+    non-finite guard instead of attending to padding. Otherwise the dense bias
+    [batch, heads, T, T] and trailing None."""
+    cfg = self.config
+    length = valid.shape[-1]
+    relpos = self.relpos_bias(length, length, True)  # [1, heads, T, T]
+    if mask is None and layers.takes_sequence_lengths(cfg.attention_implementation, cfg.dtype,
+                                                      cfg.head_dim):
+      lengths, trailing = layers.trailing_lengths(valid)
+      return layers.PaddedBias(relpos, lengths, lengths), trailing
+    if mask is None:
+      mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    return layers.attention_bias(mask, relpos, cfg.dtype), None
 
   def attention_bias(self, mask: Array, length: int) -> Array:
     """[batch, heads, T, T]: `mask` [batch, 1, T, T] and the relative-position bias, once for
@@ -254,16 +277,16 @@ class Encoder(nn.Module):
                                     context=inputs)
       encoder_mask = self.prompt_module.attention_mask(encoder_input_tokens, valid,
                                                        dtype=cfg.dtype)  # None: full visibility
-      if encoder_mask is None:
+      if encoder_mask is None and self.prompt_module.prompt.prompt_mask(
+          encoder_input_tokens) is not None:  # the prompt's own holes: not trailing padding
         encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
       if self.layer_prompt_module is not None:
         slots = self.prompt_module.slots(encoder_input_tokens)  # [batch, T']
         method = self.prompt_module.prompt
-    elif encoder_mask is None:
-      encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     x = self.dropout(x, deterministic=deterministic)
     x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
-    bias = self.attention_bias(encoder_mask, x.shape[-2])  # [batch, heads, T', T']
+    # [batch, heads, T', T'], or [1, heads, T', T'] and lengths
+    bias, trailing = self.self_attention_bias(valid, encoder_mask)
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:
@@ -271,8 +294,16 @@ class Encoder(nn.Module):
                            prompt_method=method)
         x, kv_prefix = self.layer_prompt_module(ctx, deterministic=deterministic)
       x = layer(x, bias, kv_prefix, deterministic)
-    x = self.encoder_norm(x)
+    x = _poison(self.encoder_norm(x), trailing)
     return self.dropout(x, deterministic=deterministic)  # [batch, T', embed]
+
+
+def _poison(x: Array, trailing: Optional[Array]) -> Array:
+  """x [batch, T, H] with NaN in the rows where `trailing` [batch] is False (see
+  `Encoder.self_attention_bias`); x itself when trailing is None."""
+  if trailing is None:
+    return x
+  return jnp.where(trailing[:, None, None], x, jnp.full((), jnp.nan, x.dtype))
 
 
 class Decoder(nn.Module):
