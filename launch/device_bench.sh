@@ -11,8 +11,8 @@
 # call's 10 minutes), so a slow one still leaves the others' figures in $OUT/bench.md; the most
 # wanted run first. SMOKE=1: tiny shapes, to check the script on a CPU. PART=2 (the large and
 # float32 rows) and PART=3 (XXL, whose random weights and compile outran 150 s) are further
-# calls. On an H100 (2026-11-26): the default part took 237 s, PART=2 about 200 s, and a start
-# about 30 s of device time.
+# calls. On an H100 (2026-11-26): the default part took 237 s (before the bias-form row was
+# added: about 40 s more), PART=2 about 200 s, and a start about 30 s of device time.
 set -uo pipefail
 out=${OUT:-/tmp/device_bench}
 mkdir -p "$out"
@@ -38,6 +38,7 @@ if [ -n "${SMOKE:-}" ]; then
   tiny=(--num_layers=1 --batch=2 --inputs=16 --targets=4 --prompt_length=2 --steps=1)
   bench 300 attention "${tiny[@]}"
   bench 300 train_step "${tiny[@]}" --reference=none
+  bench 300 train_step "${tiny[@]}" --reference=none --attention=xla --padding_as_lengths=false
   bench 300 startup "${tiny[@]}"
   echo "results: $record"
   exit 0
@@ -63,6 +64,10 @@ bench 90 attention --preset=t5_1_1_base --batch=32 --inputs=512 --dtype=bfloat16
 # The issue's first table row: base, batch 32 x (512 + 100), 8 targets, bfloat16, vs PEFT.
 bench 150 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
   --dtype=bfloat16 --reference=peft --steps=5
+# The same step with cuDNN given the [batch, heads, T, T] bias instead of the padding as lengths
+# (the form before layers.PaddedBias; 0.043 s/step on the first H100 run).
+bench 60 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
+  --dtype=bfloat16 --reference=none --padding_as_lengths=false --steps=5
 # Time to the first step from an XL checkpoint, cold and restarted (goals: 60 s and 15 s).
 bench 280 startup --preset=t5_1_1_xl --batch=16 --inputs=512 --targets=8 --dtype=bfloat16
 # The XL row's MFU (goal 50%), ours alone: PEFT's XL side would not fit the call.

@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
                  help="train_step/epoch: our side's remat policy (T5Config.remat_policy): what "
                       "the backward pass recomputes instead of keeping; the reference keeps all")
+  from prompt_jax.models.layers import ATTENTION_IMPLEMENTATIONS  # pylint: disable=g-import-not-at-top
+  p.add_argument("--attention", choices=list(ATTENTION_IMPLEMENTATIONS), default="auto",
+                 help="train_step/epoch: our side's attention kernel "
+                      "(T5Config.attention_implementation)")
+  p.add_argument("--padding_as_lengths", choices=["true", "false"], default="true",
+                 help="train_step/epoch: T5Config.padding_as_lengths of our side (false: "
+                      "jax.nn's kernels get the [batch, heads, T, T] bias, to compare the forms)")
   p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
   p.add_argument("--flag_sweep", action="store_true",
                  help="run our side under each of CPU_FLAG_SETS and compare with the default")
@@ -108,7 +115,9 @@ CPU_FLAG_SETS = (
 def _config(args):
   from prompt_jax.models import get_config  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  overrides = dict(dtype=getattr(jnp, args.dtype), dropout_rate=0.0, remat_policy=args.remat)
+  overrides = dict(dtype=getattr(jnp, args.dtype), dropout_rate=0.0, remat_policy=args.remat,
+                   attention_implementation=args.attention,
+                   padding_as_lengths=args.padding_as_lengths == "true")
   if args.num_layers:
     overrides.update(num_encoder_layers=args.num_layers, num_decoder_layers=args.num_layers)
   return get_config(args.preset, **overrides)
@@ -284,7 +293,23 @@ def _ours(args) -> Dict[str, float]:
   return {"seconds_per_step": seconds,
           "flops_per_step": useful,
           "flops_run": run,
-          "matmul_peak_flops": _matmul_peak_flops(args.dtype)}
+          "matmul_peak_flops": _matmul_peak_flops(args.dtype),
+          "attention": attention_form(_config(args))}
+
+
+def attention_form(config) -> str:
+  """The encoder self-attention's kernel under `config` on this backend (no dropout), and
+  whether it gets the padding as sequence lengths (`layers.PaddedBias`)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
+  probe = jax.ShapeDtypeStruct((1, 1, 1, config.head_dim), config.dtype)
+  kernel = layers.attention_implementation(config.attention_implementation, probe, probe,
+                                           config.dtype, False)
+  if kernel not in ("xla", "cudnn"):
+    return kernel
+  lengths = config.padding_as_lengths and layers.takes_sequence_lengths(
+      config.attention_implementation, config.dtype, config.head_dim)
+  return f"{kernel}, padding as {'lengths' if lengths else 'a [batch, heads, T, T] bias'}"
 
 
 def _startup_ours(args) -> Dict[str, float]:
@@ -533,12 +558,13 @@ def _train_step(args, argv, reference, say) -> None:
   A side that fails raises RuntimeError; a flag set XLA rejects is reported as not run."""
   shape = (f"{args.preset}{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch "
            f"{args.batch} x {args.inputs} inputs (+{args.prompt_length} prompt) x "
-           f"{args.targets} targets, {args.dtype}{_remat(args)}")
+           f"{args.targets} targets, {args.dtype}{_our_settings(args)}")
   say(f"train_step: {shape}")
   _say_allocators(reference, say)
   side_argv = argv  # a side ignores --record/--flag_sweep; --xla_flags reach it as XLA_FLAGS
   ours = _run_side("ours", side_argv, args.xla_flags)
-  say(f"  prompt_jax (jit){f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
+  say(f"  prompt_jax (jit, attention {ours['attention']})"
+      f"{f' [{args.xla_flags}]' if args.xla_flags else ''}:   "
       f"{ours['seconds_per_step']:.3f} s/step, peak RSS {ours['peak_rss_mb']:.0f} MB"
       f"{_device_memory(ours)}")
   recomputed = (f"; with the recomputation {ours['flops_run'] / 1e12:.3g} TFLOP run"
@@ -663,11 +689,17 @@ def _rte_shape(args, split: str) -> str:
   return (f"RTE {split} (super_glue_rte_v102, official files), {args.preset}"
           f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, batch {args.batch}, "
           f"inputs <= {args.inputs} (+{args.prompt_length} prompt), targets <= {args.targets}, "
-          f"{args.dtype}{_remat(args) if split == 'train' else ''}, random weights")
+          f"{args.dtype}{_our_settings(args) if split == 'train' else ''}, random weights")
 
 
-def _remat(args) -> str:
-  return f", our side with remat '{args.remat}'" if args.remat != "none" else ""
+def _our_settings(args) -> str:
+  """Our side's settings other than the defaults, for the bench's first line."""
+  settings = [f"remat '{args.remat}'"] if args.remat != "none" else []
+  if args.attention != "auto":
+    settings.append(f"attention '{args.attention}'")
+  if args.padding_as_lengths != "true":
+    settings.append("padding as a [batch, heads, T, T] bias")
+  return f", our side with {', '.join(settings)}" if settings else ""
 
 
 def _padding(args) -> str:

@@ -165,6 +165,22 @@ def test_bench_remat_counts_only_useful_flops_in_mfu(capsys):
   assert float(m.group(2)) > float(m.group(1)) > 0
 
 
+@pytest.mark.parametrize("flags, form", [
+    ([], "attention einsum"),  # 'auto' off GPU
+    (["--attention=xla"], "attention xla, padding as lengths"),
+    (["--attention=xla", "--padding_as_lengths=false"],
+     "attention xla, padding as a [batch, heads, T, T] bias"),
+])
+def test_bench_says_which_attention_form_our_side_ran(flags, form, capsys):
+  """--attention / --padding_as_lengths reach our side's model (the side reports the encoder's
+  kernel and padding form from the config it built), and the first line names them."""
+  assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                   "--prompt_length=2", "--steps=1", "--reference=none"] + flags) == 0
+  out = capsys.readouterr().out
+  assert f"prompt_jax (jit, {form}):" in out, out
+  assert ("our side with attention 'xla'" in out) == ("--attention=xla" in flags)
+
+
 _ABSENT = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio", "clu",
            "importlib_resources")
 # Makes the packages above look uninstalled in a child process (the accelerator image has none

@@ -41,9 +41,13 @@ class T5Config:
   # 'cudnn', 'xla' (jax.nn.dot_product_attention's XLA path), 'pallas' (JAX's Pallas TPU flash
   # attention; needs a TPU or Pallas TPU interpret mode; opt-in until measured on a TPU), or
   # 'einsum' (the plain reference formulation; always used with attention dropout or float64).
-  # With jax.nn's kernels the encoder gives the padding as sequence lengths and the relative
-  # bias as [1, heads, T, T] where the padding is at the end of each row (layers.PaddedBias).
   attention_implementation: str = "auto"
+  # With jax.nn's kernels ('auto' on GPU), the encoder gives them its padding as sequence lengths
+  # and the relative-position bias as [1, heads, T, T] instead of one [batch, heads, T, T] bias
+  # (layers.PaddedBias; Encoder.self_attention_bias says when): this assumes each row's padding
+  # is at its end, as seqio pads, and a row padded otherwise comes out NaN. False: always the
+  # [batch, heads, T, T] bias (inputs padded elsewhere, or to compare the two forms).
+  padding_as_lengths: bool = True
 
   def __post_init__(self):
     if self.remat_policy not in REMAT_POLICY_NAMES:

@@ -219,18 +219,18 @@ class Encoder(nn.Module):
     `valid` [batch, T] and the mask [batch, 1, T, T] (None: padding alone, valid x valid).
 
     With a padding-alone mask and one of jax.nn's kernels (cuDNN on GPU in bfloat16: 'auto'),
-    the bias is a `layers.PaddedBias`: the relative-position bias [1, heads, T, T] and each row's
+    unless `padding_as_lengths` is False, the bias is a `layers.PaddedBias`: the relative-position bias [1, heads, T, T] and each row's
     length, which assumes the padding is at the end of each row, as seqio's feature converters
     pad and every placement keeps it (a prompt method that masks some of its own positions,
     IPT, gives a mask: dense form). `trailing` [batch] says where that holds; rows where it does
     not are NaN at the encoder's output (`_poison`), so a run fed other padding stops at its
-    non-finite guard instead of attending to padding. Otherwise the dense bias
+    non-finite guard instead of attending to padding (`padding_as_lengths=False` serves it). Otherwise the dense bias
     [batch, heads, T, T] and trailing None."""
     cfg = self.config
     length = valid.shape[-1]
     relpos = self.relpos_bias(length, length, True)  # [1, heads, T, T]
-    if mask is None and layers.takes_sequence_lengths(cfg.attention_implementation, cfg.dtype,
-                                                      cfg.head_dim):
+    if mask is None and cfg.padding_as_lengths and layers.takes_sequence_lengths(
+        cfg.attention_implementation, cfg.dtype, cfg.head_dim):
       lengths, trailing = layers.trailing_lengths(valid)
       return layers.PaddedBias(relpos, lengths, lengths), trailing
     if mask is None:

@@ -151,3 +151,16 @@ def test_padding_inside_a_row_is_nan_with_lengths_not_attended():
       helpers.logits_fn(model.clone(config=CFG.replace(attention_implementation="einsum")),
                         params, enc=enc), where=others, check_float64=False,
       what="the other rows' logits")
+
+
+def test_padding_as_lengths_false_keeps_the_dense_bias(monkeypatch):
+  forms = []
+  original = layers.dot_product_attention
+
+  def spy(query, key, value, bias=None, *args, **kw):
+    forms.append(isinstance(bias, layers.PaddedBias))
+    return original(query, key, value, bias, *args, **kw)
+  monkeypatch.setattr(layers, "dot_product_attention", spy)
+  config = CFG.replace(attention_implementation="xla", padding_as_lengths=False)
+  helpers.logits(T5(config), helpers.frozen())
+  assert forms and not any(forms)
