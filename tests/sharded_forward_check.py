@@ -2,7 +2,9 @@
 
 Prints one JSON line: the specs of a few kernels on a 4 (data) x 2 (model) mesh; writes the
 sharded, single-device and float64 single-device logits to the .npz named by argv[1] (the test
-bounds the sharded result by the single-device float32 error, tests/numerics.py).
+bounds the sharded result by the single-device float32 error, tests/numerics.py). argv[2], if
+given, is the model's attention_implementation ('xla': jax.nn's kernel, which the encoder gives
+its padding as sequence lengths, layers.PaddedBias).
 """
 import json
 import os
@@ -22,7 +24,8 @@ from prompt_jax.models import T5, T5Config  # noqa: E402
 def main():
   cfg = T5Config(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                  num_encoder_layers=2, num_decoder_layers=2, dtype=jnp.float32,
-                 mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+                 mlp_activations=("gelu", "linear"), logits_via_embedding=False,
+                 attention_implementation=sys.argv[2] if len(sys.argv) > 2 else "auto")
   model = T5(cfg)
   rng = np.random.RandomState(0)
   enc = rng.randint(1, 128, (8, 12))

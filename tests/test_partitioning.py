@@ -13,12 +13,15 @@ from prompt_jax import partitioning
 from tests import numerics
 
 
-def test_sharded_forward_equals_single_device_and_kernels_split_on_model(tmp_path):
+# 'xla': jax.nn's kernel, given the encoder's padding as sequence lengths (layers.PaddedBias),
+# with the heads split on 'model'.
+@pytest.mark.parametrize("attention", ["auto", "xla"])
+def test_sharded_forward_equals_single_device_and_kernels_split_on_model(tmp_path, attention):
   script = pathlib.Path(__file__).with_name("sharded_forward_check.py")
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out = tmp_path / "logits.npz"
-  proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
-                        env=env, timeout=300)
+  proc = subprocess.run([sys.executable, str(script), str(out), attention], capture_output=True,
+                        text=True, env=env, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result["devices"] == 8 and result["mesh"] == {"data": 4, "model": 2}
