@@ -107,12 +107,8 @@ CASES = {  # name: (model kwargs, whether the encoder's self-attention takes len
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_model_with_lengths_equals_the_einsum_path(case, monkeypatch):
-  make_kwargs, takes_lengths = CASES[case]
-  kwargs = make_kwargs()
-  model = T5(CFG, **kwargs)
-  params = helpers.init_prompted(model) if kwargs else helpers.frozen()
+def _record_forms(monkeypatch):
+  """A list that gets, for each attention call, whether its bias was a PaddedBias."""
   forms = []
   original = layers.dot_product_attention
 
@@ -120,6 +116,16 @@ def test_model_with_lengths_equals_the_einsum_path(case, monkeypatch):
     forms.append(isinstance(bias, layers.PaddedBias))
     return original(query, key, value, bias, *args, **kw)
   monkeypatch.setattr(layers, "dot_product_attention", spy)
+  return forms
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_model_with_lengths_equals_the_einsum_path(case, monkeypatch):
+  make_kwargs, takes_lengths = CASES[case]
+  kwargs = make_kwargs()
+  model = T5(CFG, **kwargs)
+  params = helpers.init_prompted(model) if kwargs else helpers.frozen()
+  forms = _record_forms(monkeypatch)
   fused = model.clone(config=CFG.replace(attention_implementation="xla"))
   helpers.logits(fused, params)
   assert sum(forms) == (CFG.num_encoder_layers if takes_lengths else 0), forms
@@ -154,13 +160,7 @@ def test_padding_inside_a_row_is_nan_with_lengths_not_attended():
 
 
 def test_padding_as_lengths_false_keeps_the_dense_bias(monkeypatch):
-  forms = []
-  original = layers.dot_product_attention
-
-  def spy(query, key, value, bias=None, *args, **kw):
-    forms.append(isinstance(bias, layers.PaddedBias))
-    return original(query, key, value, bias, *args, **kw)
-  monkeypatch.setattr(layers, "dot_product_attention", spy)
+  forms = _record_forms(monkeypatch)
   config = CFG.replace(attention_implementation="xla", padding_as_lengths=False)
   helpers.logits(T5(config), helpers.frozen())
   assert forms and not any(forms)
