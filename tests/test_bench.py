@@ -12,7 +12,8 @@ def test_bench_reports_time_and_memory_ratios(capsys):
   assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
                    "--prompt_length=2", "--steps=1"]) == 0
   out = capsys.readouterr().out
-  assert re.search(r"prompt_jax \(jit\): +[0-9.]+ s/step, peak RSS \d+ MB", out)
+  assert re.search(r"prompt_jax \(jit, attention einsum\): +[0-9.]+ s/step, peak RSS \d+ MB",
+                   out)
   assert re.search(r"HF torch .*: [0-9.]+ s/step", out)
   assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
   mfu = re.search(r"MFU ([0-9.]+)%: the step's ([0-9.e+-]+) TFLOP .* the ([0-9.e+-]+) TFLOP/s",
@@ -70,7 +71,8 @@ def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch
   text = record.read_text()
   assert text.startswith("# earlier\n")  # appended, nothing earlier changed
   assert f"### `prompt-jax {' '.join(argv)}`" in text and "jax 0." in text
-  assert re.search(r"prompt_jax \(jit\): +[0-9.]+ s/step", text) and "not run" in text
+  assert re.search(r"prompt_jax \(jit, attention einsum\): +[0-9.]+ s/step", text)
+  assert "not run" in text
 
 
 def test_bench_train_step_against_the_peft_library(capsys):

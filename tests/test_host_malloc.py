@@ -178,7 +178,7 @@ def test_the_bench_runs_the_reference_under_the_system_malloc(monkeypatch):
   def fake_run(cmd, env, **unused_kwargs):
     envs.append((cmd[-1], env))
     result = {"seconds_per_step": 2.0, "peak_rss_mb": 100.0, "flops_per_step": 1.0,
-              "matmul_peak_flops": 1.0}
+              "matmul_peak_flops": 1.0, "attention": "einsum"}
     return subprocess.CompletedProcess(cmd, 0, "BENCH_RESULT " + __import__("json").dumps(
         result), "")
 
