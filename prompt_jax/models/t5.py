@@ -223,7 +223,7 @@ class Encoder(nn.Module):
     length, which assumes the padding is at the end of each row, as seqio's feature converters
     pad and every placement keeps it (a prompt method that masks some of its own positions,
     IPT, gives a mask: dense form). `trailing` [batch] says where that holds; rows where it does
-    not are NaN at the encoder's output (`_poison`), so a run fed other padding stops at its
+    not (filler rows without a real token aside) are NaN at the encoder's output (`_poison`), so a run fed other padding stops at its
     non-finite guard instead of attending to padding (`padding_as_lengths=False` serves it). Otherwise the dense bias
     [batch, heads, T, T] and trailing None."""
     cfg = self.config
@@ -287,6 +287,10 @@ class Encoder(nn.Module):
     x = layers.constrain(x.astype(cfg.dtype), ("batch", "length", "embed"))
     # [batch, heads, T', T'], or [1, heads, T', T'] and lengths
     bias, trailing = self.self_attention_bias(valid, encoder_mask)
+    if trailing is not None:  # a filler row (no real token: eval's padding rows) is never read;
+      # 'after_bos' puts its prompt after a padding position, and NaN there would reach a
+      # batch's summed metrics through 0 x NaN.
+      trailing = trailing | ~jnp.any(inputs.input_valid, axis=-1)
     for i, layer in enumerate(self.layers):
       kv_prefix = None
       if self.layer_prompt_module is not None:

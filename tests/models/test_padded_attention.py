@@ -164,3 +164,23 @@ def test_padding_as_lengths_false_keeps_the_dense_bias(monkeypatch):
   config = CFG.replace(attention_implementation="xla", padding_as_lengths=False)
   helpers.logits(T5(config), helpers.frozen())
   assert forms and not any(forms)
+
+
+def test_filler_rows_stay_finite_with_the_prompt_after_their_first_position():
+  """Eval feeds rows of padding alone (a process's missing batches, a last partial batch);
+  'after_bos' puts the prompt after such a row's first (padding) position, which is not
+  trailing padding, yet the row is never read: it must not be NaN, or a batch's summed metrics
+  would be NaN through 0 x NaN. The other rows equal the einsum path's."""
+  model = T5(CFG, **_prompt(functools.partial(PromptTuning, length=P), "after_bos"))
+  params = helpers.init_prompted(model)
+  enc, _, _ = helpers.batch()
+  enc = enc.at[2].set(0)  # a filler row
+  fused = model.clone(config=CFG.replace(attention_implementation="xla"))
+  assert np.all(np.isfinite(np.asarray(helpers.logits(fused, params, enc=enc))))
+  real = np.broadcast_to(np.array([True, True, False, True])[:, None, None],
+                         helpers.logits(fused, params, enc=enc).shape)
+  numerics.check_equivalent(
+      helpers.logits_fn(fused, params, enc=enc),
+      helpers.logits_fn(model.clone(config=CFG.replace(attention_implementation="einsum")),
+                        params, enc=enc), where=real, check_float64=False,
+      what="logits beside a filler row")
