@@ -484,7 +484,7 @@ def _peak_device_bytes(side: str) -> float:
 
 def _run_side(side: str, argv: Sequence[str], xla_flags: str = "",
               malloc: Optional[str] = None) -> Dict[str, float]:
-  """Runs one side in its own process. `malloc` ('system' or 'jemalloc', prompt_jax/
+  """Runs one side in its own process. `malloc` ('system', 'jemalloc' or 'glibc', prompt_jax/
   host_malloc.py); by default our side runs under the allocator this process runs under, as
   `prompt-jax` would, and a reference side under the system malloc, as its users run it."""
   env = dict(os.environ)
@@ -492,6 +492,8 @@ def _run_side(side: str, argv: Sequence[str], xla_flags: str = "",
     malloc = "system"
   if malloc == "system":
     env = host_malloc.system_environ(env)
+  elif malloc == "glibc":
+    env = dict(host_malloc.system_environ(env), **{host_malloc.CHOICE: "glibc"})
   elif malloc == "jemalloc" and not host_malloc.preloaded():
     env = host_malloc.jemalloc_environ(env)
   if xla_flags:
@@ -592,9 +594,10 @@ def _train_step(args, argv, reference, say) -> None:
       f"{f', {reference} = {reference} time / this time' if ref else ''}):")
   rows = [(name, flags, f"{args.xla_flags} {flags}".strip(), None)
           for name, flags in CPU_FLAG_SETS[1:]]
-  other = "system" if host_malloc.preloaded() else "jemalloc"  # the allocator not run yet
-  if other == "system" or host_malloc.find_jemalloc():
-    rows.append((f"{other} malloc", f"{host_malloc.CHOICE}={other}", args.xla_flags, other))
+  current = host_malloc.choice(os.environ)  # the allocators not run yet:
+  for other in [c for c in host_malloc.CHOICES if c != current]:
+    if other != "jemalloc" or host_malloc.find_jemalloc():
+      rows.append((f"{other} malloc", f"{host_malloc.CHOICE}={other}", args.xla_flags, other))
   for name, shown, xla_flags, malloc in rows:
     try:
       r = _run_side("ours", side_argv, xla_flags, malloc=malloc)

@@ -1,4 +1,5 @@
-"""`PROMPT_JAX_MALLOC=jemalloc`: `prompt-jax` on CPU under jemalloc, kept from returning pages.
+"""`PROMPT_JAX_MALLOC=jemalloc` or `=glibc`: `prompt-jax` on CPU with a malloc kept from
+returning the pages XLA frees each step.
 
 Why (issue 11, docs/benchmarks.md): XLA CPU allocates each execution's temporary buffer with
 malloc (1.43 GB for T5 1.1 small's train step, batch 8 x 612 positions) and YNNPACK allocates a
@@ -15,6 +16,14 @@ one shape the peak RSS is 1.15x the system malloc's; a bucketed RTE epoch peaked
 (10.3 GB without that purge; about 5.4 GB under the system malloc), and runs that alternate
 between more programs (eval inside train, sweeps of shapes) are not measured yet.
 
+`PROMPT_JAX_MALLOC=glibc` needs no library: glibc's own malloc, set by mallopt(3) in the
+process (`keep_glibc_memory`) to serve no block by mmap, keep its heap untrimmed and use one
+arena; the compile listener calls malloc_trim. Measured on a 2-core Xeon without jemalloc
+(docs/benchmarks.md): T5 1.1 small's step 3.26 -> 2.68 s at 2434 -> 2151 MB, the bucketed RTE
+epoch 329.9 -> 293.1 s at 5371 -> 5149 MB. Opt-in too: one arena serialises the malloc calls
+of every thread (tf.data's among them), which a 2-core machine does not show and a many-core
+host might.
+
 A malloc can only be replaced before the process starts, so the `prompt-jax` program
 (`console_main`, `python -m prompt_jax`) starts itself again, once, with jemalloc in
 LD_PRELOAD, when the environment says PROMPT_JAX_MALLOC=jemalloc (Linux, with
@@ -30,8 +39,11 @@ import os
 import sys
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-CHOICE = "PROMPT_JAX_MALLOC"  # "system" (the default) or "jemalloc"
-CHOICES = ("system", "jemalloc")
+CHOICE = "PROMPT_JAX_MALLOC"  # "system" (the default), "jemalloc" or "glibc"
+CHOICES = ("system", "jemalloc", "glibc")
+# mallopt(3) parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+_glibc_kept = False  # set by keep_glibc_memory in this process
 # Set in the restarted process: the library prompt-jax preloaded, and whether MALLOC_CONF is ours.
 GUARD = "_PROMPT_JAX_PRELOADED_MALLOC"
 OWN_CONF = "_PROMPT_JAX_MALLOC_CONF"
@@ -110,9 +122,35 @@ def restart_under_jemalloc(argv: Optional[Sequence[str]] = None) -> None:
   os.execve(sys.executable, argv, env)
 
 
+def keep_glibc_memory(environ: Optional[Mapping[str, str]] = None,
+                      platform: str = sys.platform) -> bool:
+  """PROMPT_JAX_MALLOC=glibc: glibc's own malloc told to keep what is freed, in this process,
+  from now on (no restart: mallopt(3) before JAX starts its threads): no block is served by
+  mmap (M_MMAP_MAX 0: the temporary buffer and YNNPACK's attention buffers come from the heap
+  and go back to it, where the next step finds them), the heap's top is not trimmed on free,
+  and every thread allocates from one arena (threads' own arenas are mmap'd heaps of at most
+  64 MiB, which cannot hold a 1.4 GB block). On T5 1.1 small's float32 step (batch 8 x 612,
+  2-core Xeon, docs/benchmarks.md): 3.26-3.29 s -> 2.63-2.64 s per step. Needs no library;
+  False (nothing done) off glibc, or under another choice or allocator."""
+  global _glibc_kept
+  environ = os.environ if environ is None else environ
+  if choice(environ) != "glibc" or not platform.startswith("linux"):
+    return False
+  if any(name in environ.get("LD_PRELOAD", "") for name in _ALLOCATORS):
+    return False  # the user's own allocator
+  libc = ctypes.CDLL(None)
+  mallopt = getattr(libc, "mallopt", None)
+  if mallopt is None or not hasattr(libc, "malloc_trim"):
+    return False  # not glibc (musl has neither)
+  ok = all(mallopt(param, value) == 1 for param, value in (
+      (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_ARENA_MAX, 1)))
+  _glibc_kept = ok
+  return ok
+
+
 def configure_jax() -> None:
-  """Under prompt-jax's jemalloc, before JAX starts its CPU backend (with any other malloc,
-  nothing):
+  """Under prompt-jax's jemalloc or its kept glibc memory (PROMPT_JAX_MALLOC=glibc: set here),
+  before JAX starts its CPU backend (with any other malloc, nothing):
     - run each computation to its end before the next is dispatched. With asynchronous dispatch
       XLA allocates the next step's temporary buffer while the previous step still holds its
       own; jemalloc keeps both (measured: peak RSS 2.7 or 4.4 GB from run to run instead of
@@ -121,7 +159,7 @@ def configure_jax() -> None:
       first runs: a new program's buffers rarely fit in the pages of the ones before, which
       jemalloc would keep beside them (a bucketed RTE epoch: 9.2 GB peak after 16 steps, 5.9 GB
       with this; programs run before reuse the new one's pages after it)."""
-  if preloaded():
+  if preloaded() or keep_glibc_memory():
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     jax.monitoring.register_event_duration_secs_listener(_after_compile)
@@ -138,8 +176,11 @@ def _after_compile(event: str, unused_seconds: float, **unused_kwargs) -> None:
 
 
 def release_freed_pages() -> bool:
-  """Under prompt-jax's jemalloc: hands the pages freed so far (all arenas) back to the kernel;
-  True if it did."""
+  """Under prompt-jax's jemalloc or kept glibc memory: hands the pages freed so far (all
+  arenas; glibc: malloc_trim) back to the kernel; True if it did."""
+  if _glibc_kept:
+    ctypes.CDLL(None).malloc_trim(ctypes.c_size_t(0))
+    return True
   if not preloaded():
     return False
   mallctl = getattr(ctypes.CDLL(None), "mallctl", None)  # jemalloc's, preloaded
@@ -182,4 +223,6 @@ def describe(environ: Optional[Mapping[str, str]] = None) -> str:
   for name in _ALLOCATORS:
     if name in preload:
       return f"{name} (your LD_PRELOAD)"
+  if environ.get(CHOICE, "").strip().lower() == "glibc" and sys.platform.startswith("linux"):
+    return "the system malloc (glibc), kept from returning memory (PROMPT_JAX_MALLOC=glibc)"
   return "the system malloc"

@@ -68,6 +68,8 @@ def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
   assert re.search(r"bogus +--xla_cpu_no_such_flag=true: not run", out)
+  # The allocators not run yet are swept too (PROMPT_JAX_MALLOC=glibc needs no library).
+  assert re.search(r"glibc malloc +PROMPT_JAX_MALLOC=glibc: [0-9.]+ s/step", out), out
   text = record.read_text()
   assert text.startswith("# earlier\n")  # appended, nothing earlier changed
   assert f"### `prompt-jax {' '.join(argv)}`" in text and "jax 0." in text
