@@ -305,11 +305,10 @@ def attention_form(config) -> str:
   probe = jax.ShapeDtypeStruct((1, 1, 1, config.head_dim), config.dtype)
   kernel = layers.attention_implementation(config.attention_implementation, probe, probe,
                                            config.dtype, False)
-  if kernel not in ("xla", "cudnn"):
+  if kernel not in ("xla", "cudnn"):  # the kernels that take lengths (takes_sequence_lengths)
     return kernel
-  lengths = config.padding_as_lengths and layers.takes_sequence_lengths(
-      config.attention_implementation, config.dtype, config.head_dim)
-  return f"{kernel}, padding as {'lengths' if lengths else 'a [batch, heads, T, T] bias'}"
+  form = "lengths" if config.padding_as_lengths else "a [batch, heads, T, T] bias"
+  return f"{kernel}, padding as {form}"
 
 
 def _startup_ours(args) -> Dict[str, float]:
