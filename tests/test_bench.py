@@ -21,6 +21,13 @@ def test_bench_reports_time_and_memory_ratios(capsys):
   assert mfu, out
   # A step of this tiny model does work (XLA counted it), and no more than the machine can do.
   assert float(mfu.group(2)) > 0 and float(mfu.group(3)) > 0 and 0 < float(mfu.group(1)) <= 100
+  # The reference's MFU: the same FLOPs in its time, so the two MFUs are in the inverse ratio of
+  # the times, within the printed numbers' rounding (half a unit of their last digit each).
+  mfus = [float(mfu.group(1)),
+          float(re.search(r"reference MFU ([0-9.]+)%: the same matmuls", out).group(1))]
+  times = [float(t) for t in re.findall(r"([0-9.]+) s/step", out)[:2]]
+  rounding = sum(0.05 / m for m in mfus) + sum(0.0005 / t for t in times)
+  assert mfus[1] / mfus[0] == pytest.approx(times[0] / times[1], rel=rounding), out
 
 
 def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):

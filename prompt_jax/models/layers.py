@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 DType = Any
@@ -38,6 +39,143 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Tuple[int, ..
            axes: Tuple[str, ...]) -> Array:
   """A float32 parameter that carries its logical axis names."""
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+def sums_bfloat16_in_float32(dtype: DType) -> bool:
+  """Whether products in `dtype` go through `float32_summed_dot`: bfloat16 on XLA CPU. XLA CPU
+  (YNNPACK) runs a bfloat16 x bfloat16 -> float32 product on the CPU's bfloat16 units (AMX,
+  AVX512-BF16): 987-1407 GFLOP/s for 2048^3 on a 2-core Sapphire Rapids-class Xeon, where a
+  bfloat16 -> bfloat16 product runs at about its float32 rate (170-190 GFLOP/s, any XLA CPU
+  flag; docs/benchmarks.md). GPUs and TPUs already sum bfloat16 products in float32 inside their
+  kernels and write the dtype asked for; there the plain product is kept. So is it where this
+  XLA CPU cannot run one of the products the path uses (`cpu_runs_float32_summed_products`)."""
+  return (jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and jax.default_backend() == "cpu"
+          and cpu_runs_float32_summed_products())
+
+
+def _probe_products() -> Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]:
+  """(einsum spec, shape, shape) of every float32-summed product the layers use: the dense
+  layers' forward, dx and dkernel, and the attention's products with their gradients."""
+  dense = (("bli,io->blo", (2, 3, 8), (8, 4)), ("blo,io->bli", (2, 3, 4), (8, 4)),
+           ("bli,blo->io", (2, 3, 8), (2, 3, 4)))
+  dims = {"b": 2, "q": 5, "k": 3, "h": 2, "d": 8}
+  shape = lambda indices: tuple(dims[i] for i in indices)
+  attention = []
+  for spec, gradients in _SUMMED_EINSUM_GRADIENTS.items():
+    for s in (spec,) + tuple(g for g, _ in gradients):
+      a, b = s.split("->")[0].split(",")
+      attention.append((s, shape(a), shape(b)))
+  return dense + tuple(attention)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_runs_float32_summed_products(products=None) -> bool:
+  """Whether XLA CPU compiles and runs each product (default `_probe_products()`) with bfloat16
+  operands summed in float32: a dot it cannot run fails only when it runs (UNIMPLEMENTED, see
+  `_SUMMED_EINSUM_GRADIENTS`), so this runs each once on small arrays, once per process; False
+  keeps the plain products on a jax version whose XLA CPU rejects one."""
+  for spec, a_shape, b_shape in products or _probe_products():
+    try:
+      with jax.ensure_compile_time_eval():  # runs even when asked while a step is traced
+        product = jax.jit(lambda a, b, spec=spec: jnp.einsum(
+            spec, a, b, preferred_element_type=jnp.float32)).lower(
+                jax.ShapeDtypeStruct(a_shape, jnp.bfloat16),
+                jax.ShapeDtypeStruct(b_shape, jnp.bfloat16)).compile()
+        jax.block_until_ready(product(np.ones(a_shape, jnp.bfloat16),
+                                      np.ones(b_shape, jnp.bfloat16)))
+    except Exception:  # pylint: disable=broad-except
+      return False
+  return True
+
+
+# The names of the float32-summed products' outputs, for remat policies (models/t5.py): a
+# custom_vjp's output is not a dot_general that jax.checkpoint_policies' dot rules would save.
+DENSE_PRODUCT = "dense_product"
+ATTENTION_PRODUCT = "attention_product"  # the attention's float32_summed_einsum products
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def float32_summed_dot(x: Array, kernel: Array, n: int) -> Array:
+  """x [..., in] . kernel [in, out] -> [..., out] in their dtype (x and kernel of one dtype), the
+  `n` trailing dims of x contracted with the `n` leading dims of kernel, summed in float32
+  (`sums_bfloat16_in_float32`). Its backward products are summed in float32 too: JAX's own
+  transpose of a float32-output product would multiply a float32 cotangent by the bfloat16
+  kernel, which XLA CPU computes at its float32 rate. dx and dkernel are computed only for an
+  argument that is differentiated (a frozen kernel gets no product)."""
+  return _float32_summed(x, kernel, tuple(range(x.ndim - n, x.ndim)), tuple(range(n)), x.dtype)
+
+
+def _float32_summed(a: Array, b: Array, a_dims: Tuple[int, ...], b_dims: Tuple[int, ...],
+                    dtype: DType) -> Array:
+  return lax.dot_general(a, b, ((a_dims, b_dims), ((), ())),
+                         preferred_element_type=jnp.float32).astype(dtype)
+
+
+def _float32_summed_fwd(x, kernel, n):
+  # symbolic_zeros: x and kernel come as CustomVJPPrimal, `.perturbed` if differentiated. The
+  # residuals are what the wanted gradients read: dx needs the kernel, dkernel x (so a frozen
+  # kernel's product keeps no input alive: remat need not recompute it).
+  residuals = (kernel.value if x.perturbed else None, x.value if kernel.perturbed else None)
+  return float32_summed_dot(x.value, kernel.value, n), residuals
+
+
+def _float32_summed_bwd(n, residuals, g):
+  kernel, x = residuals  # g: [..., out], in the dtype of x and kernel
+  if isinstance(g, jax.custom_derivatives.SymbolicZero):
+    return None, None
+  dx = dkernel = None  # only what is differentiated: no product for frozen weights
+  if kernel is not None:
+    out = kernel.ndim - n
+    batch = g.ndim - out
+    dx = _float32_summed(g, kernel, tuple(range(batch, g.ndim)), tuple(range(n, kernel.ndim)),
+                         g.dtype)  # [..., in]
+  if x is not None:
+    batch = x.ndim - n
+    dkernel = _float32_summed(x, g, tuple(range(batch)), tuple(range(batch)), g.dtype)
+  return dx, dkernel  # dkernel: [in, out]
+
+
+float32_summed_dot.defvjp(_float32_summed_fwd, _float32_summed_bwd, symbolic_zeros=True)
+
+
+# The einsum attention's two products ('A,B->C') and, for each, the products giving dA and dB:
+# (spec, whether the cotangent is the first operand). The operand order matters: XLA CPU (jax
+# 0.10.2) leaves 'bqhd,bhqk->bkhd' with bfloat16 operands and float32 sums to a dot it cannot
+# run (UNIMPLEMENTED: "BF16 x BF16 = F32" in DotThunk), at every shape tried, and runs
+# 'bhqk,bqhd->bkhd' (the same product, operands swapped).
+_SUMMED_EINSUM_GRADIENTS = {
+    "bqhd,bkhd->bhqk": (("bhqk,bkhd->bqhd", True), ("bhqk,bqhd->bkhd", True)),
+    "bhqk,bkhd->bqhd": (("bqhd,bkhd->bhqk", True), ("bhqk,bqhd->bkhd", False)),
+}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def float32_summed_einsum(spec: str, a: Array, b: Array) -> Array:
+  """jnp.einsum(spec, a, b) of two arrays of one dtype, in that dtype, summed in float32, its
+  backward products too (as `float32_summed_dot`), for the einsum attention's two products (the
+  specs of `_SUMMED_EINSUM_GRADIENTS`)."""
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def _summed_einsum_fwd(spec, a, b):
+  residuals = (b.value if a.perturbed else None, a.value if b.perturbed else None)
+  return float32_summed_einsum(spec, a.value, b.value), residuals
+
+
+def _summed_einsum_bwd(spec, residuals, g):
+  b, a = residuals
+  if isinstance(g, jax.custom_derivatives.SymbolicZero):
+    return None, None
+  (da_spec, da_g_first), (db_spec, db_g_first) = _SUMMED_EINSUM_GRADIENTS[spec]
+  da = db = None
+  if b is not None:
+    da = float32_summed_einsum(da_spec, *((g, b) if da_g_first else (b, g)))
+  if a is not None:
+    db = float32_summed_einsum(db_spec, *((g, a) if db_g_first else (a, g)))
+  return da, db
+
+
+float32_summed_einsum.defvjp(_summed_einsum_fwd, _summed_einsum_bwd, symbolic_zeros=True)
 
 
 class LayerNorm(nn.Module):
@@ -71,6 +209,9 @@ class DenseGeneral(nn.Module):
                     (int(np.prod(in_shape)), int(np.prod(features))), self.kernel_axes)
     kernel = jnp.reshape(jnp.asarray(kernel, self.dtype), in_shape + features)
     inputs = jnp.asarray(inputs, self.dtype)
+    if sums_bfloat16_in_float32(self.dtype):  # contracted dims last (the layers' are already)
+      inputs = jnp.moveaxis(inputs, axis, tuple(range(inputs.ndim - len(axis), inputs.ndim)))
+      return checkpoint_name(float32_summed_dot(inputs, kernel, len(axis)), DENSE_PRODUCT)
     contract = (axis, tuple(range(len(axis))))
     return lax.dot_general(inputs, kernel, (contract, ((), ())))
 
@@ -92,7 +233,10 @@ class Embed(nn.Module):
 
   def attend(self, query: Array) -> Array:
     # [batch, length, embed] x [vocab, embed] -> [batch, length, vocab]
-    return jnp.dot(query, jnp.asarray(self.embedding, self.dtype).T)
+    embedding = jnp.asarray(self.embedding, self.dtype)
+    if sums_bfloat16_in_float32(self.dtype) and query.dtype == embedding.dtype:
+      return checkpoint_name(float32_summed_dot(query, embedding.T, 1), DENSE_PRODUCT)
+    return jnp.dot(query, embedding.T)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:
@@ -523,7 +667,7 @@ def dot_product_attention(query: Array, key: Array, value: Array,
     if float32_logits:
       query = query.astype(at_least_float32(query.dtype))
       key = key.astype(at_least_float32(key.dtype))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
+    logits = _attention_product("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
     if bias is not None:
       logits = logits + bias.astype(logits.dtype)
     weights = softmax(logits).astype(dtype)  # [batch, heads, q, k]
@@ -534,11 +678,20 @@ def dot_product_attention(query: Array, key: Array, value: Array,
       keep = jax.random.bernoulli(dropout_rng, keep_prob, dropout_shape)
       keep = jnp.broadcast_to(keep, weights.shape)
       weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(dtype))  # [batch, q, heads, kv]
+    # [batch, q, heads, kv]
+    return _attention_product("bhqk,bkhd->bqhd", weights, value.astype(dtype))
 
   if recompute_weights:
     attend = jax.checkpoint(attend)  # keeps its inputs; the same key gives the same dropout
   return attend(query, key, value, bias, dropout_rng)
+
+
+def _attention_product(spec: str, a: Array, b: Array) -> Array:
+  """The einsum path's two products: summed in float32 for bfloat16 on XLA CPU (named for the
+  'dots' remat policy, which saves them), else jnp.einsum."""
+  if a.dtype == b.dtype and sums_bfloat16_in_float32(a.dtype):
+    return checkpoint_name(float32_summed_einsum(spec, a, b), ATTENTION_PRODUCT)
+  return jnp.einsum(spec, a, b)
 
 
 # The Pallas TPU kernel's block size along both lengths (its default, BlockSizes.get_default):

@@ -163,9 +163,16 @@ class DecoderLayer(nn.Module):
 # 612 positions it is 'minimal' in time and memory (both about 1.08x the step's time without
 # remat and 0.85-0.9x its peak RSS); at 4 x 1124, where the weights grow with length squared,
 # 2150 MB at 1.07x against 'minimal''s 2412 MB at 1.12x ('none': 2752 MB).
+# bfloat16 products on CPU are custom_vjp calls (layers.float32_summed_dot / _einsum), saved by
+# name.
+_DENSE_PRODUCTS = jax.checkpoint_policies.save_only_these_names(layers.DENSE_PRODUCT)
+_ALL_PRODUCTS = jax.checkpoint_policies.save_only_these_names(layers.DENSE_PRODUCT,
+                                                              layers.ATTENTION_PRODUCT)
 REMAT_POLICIES = {
-    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,  # projections
-    "dots": jax.checkpoint_policies.checkpoint_dots,  # + attention scores and context
+    "minimal": jax.checkpoint_policies.save_from_both_policies(  # projections
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims, _DENSE_PRODUCTS),
+    "dots": jax.checkpoint_policies.save_from_both_policies(  # + attention scores and context
+        jax.checkpoint_policies.checkpoint_dots, _ALL_PRODUCTS),
     "full": None,  # nothing but the layer's inputs (jax.checkpoint's default)
 }
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from prompt_jax import trees
 from prompt_jax.models import T5, T5Config
@@ -62,9 +63,14 @@ def _step_flops(model, trainable, frozen, batch) -> float:
   return float(cost["flops"])
 
 
-def _prompt_model():
+# bfloat16 on CPU: the dense layers' products go through layers.float32_summed_dot, whose
+# backward pass computes only the gradients asked for.
+DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+
+
+def _prompt_model(dtype=jnp.float32, remat_policy="none"):
   """(model, batch, all params, the prompt's, the frozen rest) of a tiny prompt-tuning T5."""
-  model = T5(CFG, prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
+  model = T5(CFG.replace(dtype=dtype, remat_policy=remat_policy), prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
   batch = _batch()
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
                                     batch["decoder_input_tokens"][:1],
@@ -74,8 +80,9 @@ def _prompt_model():
   return model, batch, params, prompt_params, frozen
 
 
-def test_prompt_step_computes_no_frozen_weight_gradients():
-  model, batch, params, prompt_params, frozen = _prompt_model()
+@DTYPES
+def test_prompt_step_computes_no_frozen_weight_gradients(dtype):
+  model, batch, params, prompt_params, frozen = _prompt_model(dtype)
   assert trees.flatten(prompt_params).keys() == {"encoder/prompt/prompt/prompt"}
   prompt_step = _step_flops(model, prompt_params, frozen, batch)
   full_step = _step_flops(model, params, {}, batch)
@@ -97,12 +104,13 @@ def _jaxpr_step_flops(model, trainable, frozen, batch) -> float:
   return bench.matmul_flops(jax.make_jaxpr(step)(state, frozen, batch, jax.random.PRNGKey(0)))
 
 
-def test_bench_matmul_flops_count_the_step_exactly():
+@DTYPES
+def test_bench_matmul_flops_count_the_step_exactly(dtype):
   """The MFU numerator of `bench train_step` (bench.matmul_flops on the traced step, the same on
   every backend): a full fine-tuning step runs exactly the weight-gradient matmuls more, plus the
   activation backward of what the prompt cannot reach (decoder layer 0's self-attention). Exact
   integers: a scan or remat body counted once or twice, or a dot missed, breaks the equality."""
-  model, batch, params, prompt_params, frozen = _prompt_model()
+  model, batch, params, prompt_params, frozen = _prompt_model(dtype)
   prompt_step = _jaxpr_step_flops(model, prompt_params, frozen, batch)
   full_step = _jaxpr_step_flops(model, params, {}, batch)
   e, qkv, h, d = CFG.emb_dim, CFG.num_heads * CFG.head_dim, CFG.num_heads, CFG.head_dim
@@ -110,3 +118,20 @@ def test_bench_matmul_flops_count_the_step_exactly():
   # and output projections, and of both score matmuls (two products each).
   decoder_self_attention = 2 * (4 * B * S * e * qkv + 4 * B * h * S * S * d)
   assert full_step - prompt_step == _weight_gradient_flops() + decoder_self_attention
+
+
+def test_remat_policies_recompute_the_same_products_in_bfloat16():
+  """The bfloat16 dense products on CPU are custom_vjp calls (layers.float32_summed_dot), which
+  jax.checkpoint_policies' dot rules do not see: 'minimal' and 'dots' save them by name. Each
+  policy recomputes exactly the FLOPs it recomputes in float32 (unnamed, 'minimal' recomputed
+  every projection, as 'full'; with the input kept as a residual for a frozen kernel, each
+  attention's context product too)."""
+  recomputed = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for policy in ("none", "minimal", "dots", "full"):
+      model, batch, _, prompt_params, frozen = _prompt_model(dtype, policy)
+      recomputed[dtype, policy] = _jaxpr_step_flops(model, prompt_params, frozen, batch)
+  for policy in ("minimal", "dots", "full"):
+    assert (recomputed[jnp.bfloat16, policy] - recomputed[jnp.bfloat16, "none"]
+            == recomputed[jnp.float32, policy] - recomputed[jnp.float32, "none"]), policy
+  assert recomputed[jnp.float32, "full"] > recomputed[jnp.float32, "minimal"]

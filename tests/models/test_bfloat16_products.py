@@ -1,0 +1,109 @@
+"""bfloat16 products on XLA CPU summed in float32 (`layers.float32_summed_dot`): XLA CPU runs a
+bfloat16 x bfloat16 -> float32 product on the CPU's bfloat16 units and a bfloat16 -> bfloat16
+one at its float32 rate, so the dense layers ask for float32 sums, in the backward pass too."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prompt_jax.models import layers
+from tests import numerics
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not layers.cpu_runs_float32_summed_products(),
+    reason="the XLA CPU path, where this XLA CPU runs its products")
+
+
+def _bf16(key, shape, scale=1.0):
+  return (jax.random.normal(key, shape) * scale).astype(jnp.bfloat16)
+
+
+def _bound(a, b, a_dims, b_dims, ref):
+  """One rounding to bfloat16 (half its eps, relative) after a float32 sum of K products
+  (at most K float32 roundings of the running sum: K * EPS32 * sum|a||b|), elementwise."""
+  k = int(np.prod([a.shape[d] for d in a_dims]))
+  abs_sum = np.tensordot(np.abs(a), np.abs(b), (a_dims, b_dims))
+  return numerics.EPS_BF16 / 2 * np.abs(ref) + k * numerics.EPS32 * abs_sum
+
+
+def test_products_and_their_gradients_are_one_bfloat16_rounding_of_the_exact_sum():
+  """Forward, dx and dkernel against float64 products of the same bfloat16 values: each element
+  within one bfloat16 rounding plus the float32 sum's worst case (the plain bfloat16 product
+  meets the same bound on XLA CPU: the numbers are as accurate as before, only faster). Fails
+  for a backward product over the wrong dims or with a cotangent left out."""
+  kx, kk, kg = jax.random.split(jax.random.PRNGKey(0), 3)
+  x, kernel = _bf16(kx, (4, 64, 256)), _bf16(kk, (256, 128), 1 / 16)
+  g = _bf16(kg, (4, 64, 128))
+  out, vjp = jax.vjp(lambda x, k: layers.float32_summed_dot(x, k, 1), x, kernel)
+  dx, dkernel = vjp(g)
+  assert out.dtype == dx.dtype == dkernel.dtype == jnp.bfloat16
+  x64, k64, g64 = (np.asarray(v, np.float64) for v in (x, kernel, g))
+  for got, a, b, dims in [(out, x64, k64, ((2,), (0,))),
+                          (dx, g64, k64, ((2,), (1,))),
+                          (dkernel, x64, g64, ((0, 1), (0, 1)))]:
+    ref = np.tensordot(a, b, dims)
+    err = np.abs(np.asarray(got, np.float64) - ref)
+    assert np.all(err <= _bound(a, b, *dims, ref)), (dims, float(err.max()))
+
+
+@pytest.mark.parametrize("spec,a_shape,b_shape", [
+    ("bqhd,bkhd->bhqk", (2, 48, 3, 64), (2, 40, 3, 64)),  # the scores
+    ("bhqk,bkhd->bqhd", (2, 3, 48, 40), (2, 40, 3, 64)),  # weights x values
+])
+def test_attention_products_and_their_gradients_within_one_bfloat16_rounding(spec, a_shape,
+                                                                              b_shape):
+  """float32_summed_einsum (the einsum attention's products) and its two gradients, as above;
+  dA and dB come from einsums of the spec's indices rearranged, so a wrong rearrangement fails
+  (or does not run)."""
+  ka, kb, kg = jax.random.split(jax.random.PRNGKey(2), 3)
+  a, b = _bf16(ka, a_shape), _bf16(kb, b_shape, 1 / 8)
+  out, vjp = jax.vjp(lambda a, b: layers.float32_summed_einsum(spec, a, b), a, b)
+  g = _bf16(kg, out.shape)
+  da, db = vjp(g)
+  assert out.dtype == da.dtype == db.dtype == jnp.bfloat16
+  assert da.shape == a.shape and db.shape == b.shape
+  a64, b64, g64 = (np.asarray(v, np.float64) for v in (a, b, g))
+  (sa, sb), sc = spec.split("->")[0].split(","), spec.split("->")[1]
+  for got, (x, sx), (y, sy), sz in [(out, (a64, sa), (b64, sb), sc),
+                                    (da, (g64, sc), (b64, sb), sa),
+                                    (db, (a64, sa), (g64, sc), sb)]:
+    ref = np.einsum(f"{sx},{sy}->{sz}", x, y)
+    summed = "".join(sorted(set(sx) & set(sy) - set(sz)))
+    k = int(np.prod([x.shape[sx.index(c)] for c in summed]))
+    bound = (numerics.EPS_BF16 / 2 * np.abs(ref)
+             + k * numerics.EPS32 * np.einsum(f"{sx},{sy}->{sz}", np.abs(x), np.abs(y)))
+    err = np.abs(np.asarray(got, np.float64) - ref)
+    assert np.all(err <= bound), (sz, float(err.max()))
+
+
+def test_dense_layers_use_it_for_bfloat16_and_differentiate_only_what_is_asked():
+  """DenseGeneral in bfloat16 on CPU gives float32_summed_dot's numbers (its contracted dims
+  moved last), float32 keeps the plain product; the gradient with respect to the input alone
+  has one product (dx), with respect to both two."""
+  kx, kk = jax.random.split(jax.random.PRNGKey(1))
+  x = _bf16(kx, (2, 8, 4, 16))  # [batch, length, heads, kv]: the output projection's form
+  dense = layers.DenseGeneral(features=(32,), axis=(-2, -1), dtype=jnp.bfloat16)
+  params = dense.init(kk, x)
+  kernel = params["params"]["kernel"].value  # [heads * kv, embed], float32
+  got = dense.apply(params, x)
+  want = layers.float32_summed_dot(x.reshape(2, 8, 64), kernel.astype(jnp.bfloat16), 1)
+  assert got.dtype == jnp.bfloat16 and np.array_equal(np.asarray(got), np.asarray(want))
+  assert layers.sums_bfloat16_in_float32(jnp.bfloat16)
+  assert not layers.sums_bfloat16_in_float32(jnp.float32)
+
+  def products(argnums):
+    loss = lambda p, x: jnp.sum(dense.apply(p, x).astype(jnp.float32))
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=argnums))(params, x)
+    return sum(str(eqn.primitive) == "dot_general" for eqn in jaxpr.jaxpr.eqns)
+
+  assert products(1) == 1 and products((0, 1)) == 2
+
+
+def test_a_product_xla_cpu_cannot_run_keeps_the_plain_products():
+  """The probe behind sums_bfloat16_in_float32: a float32-summed product this XLA CPU rejects
+  when it runs (jax 0.10.2: 'bqhd,bhqk->bkhd', UNIMPLEMENTED in DotThunk) makes it say no, so a
+  jax version that rejects one of ours trains on the plain products instead of failing."""
+  rejected = (("bqhd,bhqk->bkhd", (2, 5, 2, 8), (2, 2, 5, 3)),)
+  if layers.cpu_runs_float32_summed_products(rejected):
+    pytest.skip("this XLA CPU runs the product jax 0.10.2's rejects")
+  assert not layers.cpu_runs_float32_summed_products(rejected + layers._probe_products())
