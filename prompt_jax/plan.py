@@ -80,7 +80,15 @@ def _config(args):
 
 
 def plan(args) -> Dict[str, float]:
-  """Compiles the train step for `args` on the current devices; returns per-device bytes."""
+  """Compiles the train step for `args` on the current devices; returns per-device bytes. The
+  model is traced with the products as an accelerator runs them (on CPU, bfloat16 products are
+  otherwise summed in float32: models/layers.py)."""
+  from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
+  with layers.accelerator_products():
+    return _plan(args)
+
+
+def _plan(args) -> Dict[str, float]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from prompt_jax import partitioning, run_setup  # pylint: disable=g-import-not-at-top

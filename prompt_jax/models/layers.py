@@ -4,6 +4,7 @@ Every parameter is created through `_param` with t5x's logical axis names (`voca
 `heads`, `kv`, `joined_kv`, `relpos_buckets`), so `partitioning.py` can map it onto a mesh; the
 parameter names are the checkpoint paths t5x writes.
 """
+import contextlib
 import functools
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -50,7 +51,22 @@ def sums_bfloat16_in_float32(dtype: DType) -> bool:
   kernels and write the dtype asked for; there the plain product is kept. So is it where this
   XLA CPU cannot run one of the products the path uses (`cpu_runs_float32_summed_products`)."""
   return (jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and jax.default_backend() == "cpu"
-          and cpu_runs_float32_summed_products())
+          and not _accelerator_products[0] and cpu_runs_float32_summed_products())
+
+
+_accelerator_products = [False]  # set inside `accelerator_products()`
+
+
+@contextlib.contextmanager
+def accelerator_products():
+  """Steps traced inside use the plain products on every backend, as accelerators run them:
+  `prompt-jax plan` compiles on CPU devices the program a GPU or TPU would run."""
+  before = _accelerator_products[0]
+  _accelerator_products[0] = True
+  try:
+    yield
+  finally:
+    _accelerator_products[0] = before
 
 
 def _probe_products() -> Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]:

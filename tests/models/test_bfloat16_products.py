@@ -107,3 +107,26 @@ def test_a_product_xla_cpu_cannot_run_keeps_the_plain_products():
   if layers.cpu_runs_float32_summed_products(rejected):
     pytest.skip("this XLA CPU runs the product jax 0.10.2's rejects")
   assert not layers.cpu_runs_float32_summed_products(rejected + layers._probe_products())
+
+
+def test_plan_compiles_the_products_an_accelerator_runs(monkeypatch):
+  """`prompt-jax plan` estimates a GPU's or TPU's memory from a CPU compile: inside
+  layers.accelerator_products() the step keeps the plain products (fails if plan's compile
+  reaches the CPU-only path)."""
+  from prompt_jax import plan  # pylint: disable=g-import-not-at-top
+
+  def cpu_only(*unused_args):
+    raise AssertionError("the CPU path was traced")
+
+  monkeypatch.setattr(layers, "float32_summed_dot", cpu_only)
+  monkeypatch.setattr(layers, "float32_summed_einsum", cpu_only)
+  args = plan._parser().parse_args([
+      "--model=models/embedded_tiny.gin", "--batch=2", "--inputs=16", "--targets=4",
+      "--prompt_length=4", "--dtype=bfloat16"])
+  assert plan.plan(args)["total"] > 0
+  dense = layers.DenseGeneral(features=(4,), dtype=jnp.bfloat16)
+  x = jnp.ones((2, 8), jnp.bfloat16)
+  with layers.accelerator_products():
+    params = jax.eval_shape(dense.init, jax.random.PRNGKey(0), x)
+  with pytest.raises(AssertionError, match="the CPU path was traced"):
+    jax.eval_shape(dense.apply, params, x)  # outside: the CPU path
