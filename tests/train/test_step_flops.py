@@ -70,7 +70,8 @@ DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 
 def _prompt_model(dtype=jnp.float32, remat_policy="none"):
   """(model, batch, all params, the prompt's, the frozen rest) of a tiny prompt-tuning T5."""
-  model = T5(CFG.replace(dtype=dtype, remat_policy=remat_policy), prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
+  model = T5(CFG.replace(dtype=dtype, remat_policy=remat_policy),
+             prompt=prompt_factory(functools.partial(PromptTuning, length=P), P))
   batch = _batch()
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch["encoder_input_tokens"][:1],
                                     batch["decoder_input_tokens"][:1],
