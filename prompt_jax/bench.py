@@ -265,7 +265,7 @@ def _matmul_peak_flops(dtype_name: str) -> float:
   n, dtype = (1024, getattr(jnp, dtype_name)) if on_cpu else (8192, jnp.bfloat16)
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   if layers.sums_bfloat16_in_float32(dtype):  # the step's products: bfloat16 summed in float32
-    matmul = jax.jit(lambda x, y: layers.float32_summed_dot(x, y, 1))
+    matmul = jax.jit(lambda x, y: layers.float32_summed_einsum("ik,kj->ij", x, y))
   else:
     matmul = jax.jit(lambda x, y: x @ y)
   reps = 10

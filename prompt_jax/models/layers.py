@@ -6,6 +6,7 @@ parameter names are the checkpoint paths t5x writes.
 """
 import contextlib
 import functools
+import string
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
@@ -43,7 +44,7 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Tuple[int, ..
 
 
 def sums_bfloat16_in_float32(dtype: DType) -> bool:
-  """Whether products in `dtype` go through `float32_summed_dot`: bfloat16 on XLA CPU. XLA CPU
+  """Whether products in `dtype` go through `float32_summed_einsum`: bfloat16 on XLA CPU. XLA CPU
   (YNNPACK) runs a bfloat16 x bfloat16 -> float32 product on the CPU's bfloat16 units (AMX,
   AVX512-BF16): 987-1407 GFLOP/s for 2048^3 on a 2-core Sapphire Rapids-class Xeon, where a
   bfloat16 -> bfloat16 product runs at about its float32 rate (170-190 GFLOP/s, any XLA CPU
@@ -70,18 +71,16 @@ def accelerator_products():
 
 
 def _probe_products() -> Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]:
-  """(einsum spec, shape, shape) of every float32-summed product the layers use: the dense
-  layers' forward, dx and dkernel, and the attention's products with their gradients."""
-  dense = (("bli,io->blo", (2, 3, 8), (8, 4)), ("blo,io->bli", (2, 3, 4), (8, 4)),
-           ("bli,blo->io", (2, 3, 8), (2, 3, 4)))
-  dims = {"b": 2, "q": 5, "k": 3, "h": 2, "d": 8}
+  """(einsum spec, shape, shape) of every float32-summed product the layers use: a dense
+  layer's and the attention's two products, each with the products of its gradients."""
+  dims = {"b": 2, "l": 3, "i": 8, "o": 4, "q": 5, "k": 3, "h": 2, "d": 8}
   shape = lambda indices: tuple(dims[i] for i in indices)
-  attention = []
-  for spec, gradients in _SUMMED_EINSUM_GRADIENTS.items():
-    for s in (spec,) + tuple(g for g, _ in gradients):
+  products = []
+  for spec in ("bli,io->blo",) + tuple(_SUMMED_EINSUM_GRADIENTS):
+    for s, _ in ((spec, True),) + _summed_einsum_gradients(spec):
       a, b = s.split("->")[0].split(",")
-      attention.append((s, shape(a), shape(b)))
-  return dense + tuple(attention)
+      products.append((s, shape(a), shape(b)))
+  return tuple(products)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,55 +108,10 @@ def cpu_runs_float32_summed_products(products=None) -> bool:
 DENSE_PRODUCT = "dense_product"
 ATTENTION_PRODUCT = "attention_product"  # the attention's float32_summed_einsum products
 
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def float32_summed_dot(x: Array, kernel: Array, n: int) -> Array:
-  """x [..., in] . kernel [in, out] -> [..., out] in their dtype (x and kernel of one dtype), the
-  `n` trailing dims of x contracted with the `n` leading dims of kernel, summed in float32
-  (`sums_bfloat16_in_float32`). Its backward products are summed in float32 too: JAX's own
-  transpose of a float32-output product would multiply a float32 cotangent by the bfloat16
-  kernel, which XLA CPU computes at its float32 rate. dx and dkernel are computed only for an
-  argument that is differentiated (a frozen kernel gets no product)."""
-  return _float32_summed(x, kernel, tuple(range(x.ndim - n, x.ndim)), tuple(range(n)), x.dtype)
-
-
-def _float32_summed(a: Array, b: Array, a_dims: Tuple[int, ...], b_dims: Tuple[int, ...],
-                    dtype: DType) -> Array:
-  return lax.dot_general(a, b, ((a_dims, b_dims), ((), ())),
-                         preferred_element_type=jnp.float32).astype(dtype)
-
-
-def _float32_summed_fwd(x, kernel, n):
-  # symbolic_zeros: x and kernel come as CustomVJPPrimal, `.perturbed` if differentiated. The
-  # residuals are what the wanted gradients read: dx needs the kernel, dkernel x (so a frozen
-  # kernel's product keeps no input alive: remat need not recompute it).
-  residuals = (kernel.value if x.perturbed else None, x.value if kernel.perturbed else None)
-  return float32_summed_dot(x.value, kernel.value, n), residuals
-
-
-def _float32_summed_bwd(n, residuals, g):
-  kernel, x = residuals  # g: [..., out], in the dtype of x and kernel
-  if isinstance(g, jax.custom_derivatives.SymbolicZero):
-    return None, None
-  dx = dkernel = None  # only what is differentiated: no product for frozen weights
-  if kernel is not None:
-    out = kernel.ndim - n
-    batch = g.ndim - out
-    dx = _float32_summed(g, kernel, tuple(range(batch, g.ndim)), tuple(range(n, kernel.ndim)),
-                         g.dtype)  # [..., in]
-  if x is not None:
-    batch = x.ndim - n
-    dkernel = _float32_summed(x, g, tuple(range(batch)), tuple(range(batch)), g.dtype)
-  return dx, dkernel  # dkernel: [in, out]
-
-
-float32_summed_dot.defvjp(_float32_summed_fwd, _float32_summed_bwd, symbolic_zeros=True)
-
-
-# The einsum attention's two products ('A,B->C') and, for each, the products giving dA and dB:
-# (spec, whether the cotangent is the first operand). The operand order matters: XLA CPU (jax
-# 0.10.2) leaves 'bqhd,bhqk->bkhd' with bfloat16 operands and float32 sums to a dot it cannot
-# run (UNIMPLEMENTED: "BF16 x BF16 = F32" in DotThunk), at every shape tried, and runs
+# The einsum attention's two products and, for each, the products giving dA and dB: (spec,
+# whether the cotangent is the first operand). The operand order matters: XLA CPU (jax 0.10.2)
+# leaves 'bqhd,bhqk->bkhd' with bfloat16 operands and float32 sums to a dot it cannot run
+# (UNIMPLEMENTED: "BF16 x BF16 = F32" in DotThunk), at every shape tried, and runs
 # 'bhqk,bqhd->bkhd' (the same product, operands swapped).
 _SUMMED_EINSUM_GRADIENTS = {
     "bqhd,bkhd->bhqk": (("bhqk,bkhd->bqhd", True), ("bhqk,bqhd->bkhd", True)),
@@ -165,15 +119,40 @@ _SUMMED_EINSUM_GRADIENTS = {
 }
 
 
+def _summed_einsum_gradients(spec: str) -> Tuple[Tuple[str, bool], Tuple[str, bool]]:
+  """For 'A,B->C': the products giving dA and dB as (spec, cotangent first): the attention's
+  from `_SUMMED_EINSUM_GRADIENTS`, else dA = 'C,B->A' (g, b) and dB = 'A,C->B' (a, g)."""
+  if spec in _SUMMED_EINSUM_GRADIENTS:
+    return _SUMMED_EINSUM_GRADIENTS[spec]
+  (sa, sb), sc = spec.split("->")[0].split(","), spec.split("->")[1]
+  return (f"{sc},{sb}->{sa}", True), (f"{sa},{sc}->{sb}", False)
+
+
+def dense_spec(x_ndim: int, kernel_ndim: int, n: int) -> str:
+  """The einsum spec of x [..., in] . kernel [in, out]: the `n` trailing dims of x contracted
+  with the `n` leading dims of kernel (e.g. 'abc,cd->abd')."""
+  batch = string.ascii_letters[:x_ndim - n]
+  contracted = string.ascii_letters[x_ndim - n:x_ndim]
+  out = string.ascii_letters[x_ndim:x_ndim + kernel_ndim - n]
+  return f"{batch}{contracted},{contracted}{out}->{batch}{out}"
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def float32_summed_einsum(spec: str, a: Array, b: Array) -> Array:
-  """jnp.einsum(spec, a, b) of two arrays of one dtype, in that dtype, summed in float32, its
-  backward products too (as `float32_summed_dot`), for the einsum attention's two products (the
-  specs of `_SUMMED_EINSUM_GRADIENTS`)."""
+  """jnp.einsum(spec, a, b) of two arrays of one dtype ('A,B->C', every index of A and of B in C
+  or in the other operand), in that dtype, summed in float32 (`sums_bfloat16_in_float32`): the
+  dense layers' products (`dense_spec`) and the einsum attention's. Its backward products are
+  summed in float32 too: JAX's own transpose of a float32-output product would multiply a
+  float32 cotangent by the bfloat16 operand, which XLA CPU computes at its float32 rate. dA and
+  dB are computed only for an operand that is differentiated (a frozen kernel gets no
+  product)."""
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
 def _summed_einsum_fwd(spec, a, b):
+  # symbolic_zeros: a and b come as CustomVJPPrimal, `.perturbed` if differentiated. The
+  # residuals are what the wanted gradients read: dA needs b, dB needs a (so a frozen kernel's
+  # product keeps no input alive: remat need not recompute it).
   residuals = (b.value if a.perturbed else None, a.value if b.perturbed else None)
   return float32_summed_einsum(spec, a.value, b.value), residuals
 
@@ -182,8 +161,8 @@ def _summed_einsum_bwd(spec, residuals, g):
   b, a = residuals
   if isinstance(g, jax.custom_derivatives.SymbolicZero):
     return None, None
-  (da_spec, da_g_first), (db_spec, db_g_first) = _SUMMED_EINSUM_GRADIENTS[spec]
-  da = db = None
+  (da_spec, da_g_first), (db_spec, db_g_first) = _summed_einsum_gradients(spec)
+  da = db = None  # only what is differentiated: no product for frozen weights
   if b is not None:
     da = float32_summed_einsum(da_spec, *((g, b) if da_g_first else (b, g)))
   if a is not None:
@@ -227,7 +206,8 @@ class DenseGeneral(nn.Module):
     inputs = jnp.asarray(inputs, self.dtype)
     if sums_bfloat16_in_float32(self.dtype):  # contracted dims last (the layers' are already)
       inputs = jnp.moveaxis(inputs, axis, tuple(range(inputs.ndim - len(axis), inputs.ndim)))
-      return checkpoint_name(float32_summed_dot(inputs, kernel, len(axis)), DENSE_PRODUCT)
+      spec = dense_spec(inputs.ndim, kernel.ndim, len(axis))
+      return checkpoint_name(float32_summed_einsum(spec, inputs, kernel), DENSE_PRODUCT)
     contract = (axis, tuple(range(len(axis))))
     return lax.dot_general(inputs, kernel, (contract, ((), ())))
 
@@ -251,7 +231,8 @@ class Embed(nn.Module):
     # [batch, length, embed] x [vocab, embed] -> [batch, length, vocab]
     embedding = jnp.asarray(self.embedding, self.dtype)
     if sums_bfloat16_in_float32(self.dtype) and query.dtype == embedding.dtype:
-      return checkpoint_name(float32_summed_dot(query, embedding.T, 1), DENSE_PRODUCT)
+      return checkpoint_name(
+          float32_summed_einsum(dense_spec(query.ndim, 2, 1), query, embedding.T), DENSE_PRODUCT)
     return jnp.dot(query, embedding.T)
 
 

@@ -163,8 +163,7 @@ class DecoderLayer(nn.Module):
 # 612 positions it is 'minimal' in time and memory (both about 1.08x the step's time without
 # remat and 0.85-0.9x its peak RSS); at 4 x 1124, where the weights grow with length squared,
 # 2150 MB at 1.07x against 'minimal''s 2412 MB at 1.12x ('none': 2752 MB).
-# bfloat16 products on CPU are custom_vjp calls (layers.float32_summed_dot / _einsum), saved by
-# name.
+# bfloat16 products on CPU are custom_vjp calls (layers.float32_summed_einsum), saved by name.
 _DENSE_PRODUCTS = jax.checkpoint_policies.save_only_these_names(layers.DENSE_PRODUCT)
 _ALL_PRODUCTS = jax.checkpoint_policies.save_only_these_names(layers.DENSE_PRODUCT,
                                                               layers.ATTENTION_PRODUCT)

@@ -63,7 +63,7 @@ def _step_flops(model, trainable, frozen, batch) -> float:
   return float(cost["flops"])
 
 
-# bfloat16 on CPU: the dense layers' products go through layers.float32_summed_dot, whose
+# bfloat16 on CPU: the dense layers' products go through layers.float32_summed_einsum, whose
 # backward pass computes only the gradients asked for.
 DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 
@@ -122,7 +122,7 @@ def test_bench_matmul_flops_count_the_step_exactly(dtype):
 
 
 def test_remat_policies_recompute_the_same_products_in_bfloat16():
-  """The bfloat16 dense products on CPU are custom_vjp calls (layers.float32_summed_dot), which
+  """The bfloat16 dense products on CPU are custom_vjp calls (layers.float32_summed_einsum), which
   jax.checkpoint_policies' dot rules do not see: 'minimal' and 'dots' save them by name. Each
   policy recomputes exactly the FLOPs it recomputes in float32 (unnamed, 'minimal' recomputed
   every projection, as 'full'; with the input kept as a residual for a frozen kernel, each
