@@ -41,6 +41,24 @@ def test_gated_gelu_values_and_gradients_match_the_expression():
                               what=f"gated_gelu gradient w.r.t. {name}")
 
 
+def test_bfloat16_gated_gelu_rounds_once_from_float32():
+  """In bfloat16 both passes are the float32 computation rounded once at the end (the float32
+  one is checked against float64 above): a bfloat16 expression would round after each
+  operation (and XLA CPU converts each of those roundings separately)."""
+  gate, linear, g = _inputs(jnp.bfloat16)
+  wide = [x.astype(jnp.float32) for x in (gate, linear, g)]
+  out, vjp = jax.vjp(jax.jit(layers.gated_gelu), gate, linear)
+  out32, vjp32 = jax.vjp(jax.jit(layers.gated_gelu), *wide[:2])
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                np.asarray(out32.astype(jnp.bfloat16), np.float32))
+  np.testing.assert_array_equal(np.asarray(out32), np.asarray(jax.jit(_plain)(*wide[:2])))
+  for got, want in zip(vjp(g), vjp32(wide[2])):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                  np.asarray(want.astype(jnp.bfloat16), np.float32))
+
+
 def test_mlp_block_keeps_only_the_two_matmul_outputs(monkeypatch):
   """Differentiating the gated GELU as written keeps five more [batch, length, mlp] arrays (the
   tanh and its pieces): the custom_vjp's backward pass recomputes them from the gate."""
