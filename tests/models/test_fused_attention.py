@@ -142,3 +142,24 @@ def test_softmax_gradient_and_one_array_of_scores_kept_per_attention(monkeypatch
   assert scores_kept() == 1
   monkeypatch.setattr(layers, "softmax", jax.nn.softmax)
   assert scores_kept() == 2
+
+
+def test_bfloat16_softmax_rounds_once_from_float32():
+  """In bfloat16 both passes of layers.softmax are its float32 computation (checked against
+  float64 above) rounded once, from the bfloat16 input (forward) and the bfloat16 output and
+  cotangent (backward): a bfloat16 softmax would round after each operation."""
+  rng = np.random.RandomState(0)
+  x, g = (jnp.asarray(rng.randn(2, 3, 5, 7) * 4.0, jnp.bfloat16) for _ in range(2))
+  y, vjp = jax.vjp(jax.jit(layers.softmax), x)
+  (dx,) = vjp(g)
+  assert y.dtype == dx.dtype == jnp.bfloat16
+
+  @jax.jit
+  def float32_rounded_once(x, g):
+    y = jax.nn.softmax(x.astype(jnp.float32))
+    y32, g32 = y.astype(jnp.bfloat16).astype(jnp.float32), g.astype(jnp.float32)
+    dx = y32 * (g32 - jnp.sum(g32 * y32, axis=-1, keepdims=True))  # from the bfloat16 y kept
+    return y.astype(jnp.bfloat16), dx.astype(jnp.bfloat16)
+
+  for got, want in zip((y, dx), float32_rounded_once(x, g)):
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
