@@ -586,6 +586,12 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
   if isinstance(e, Preempted):  # gin appends "In call to configurable ..." lines
     print(f"prompt-jax {command}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
     return EXIT_PREEMPTED
+  if _unrunnable_bfloat16_product(e):  # layers.CPU_PRODUCTS_ENV
+    return _fail(command, "XLA CPU could not run one of this program's bfloat16 products summed "
+                 "in float32 (UNIMPLEMENTED in its DotThunk); rerun with "
+                 "PROMPT_JAX_CPU_BFLOAT16_PRODUCTS=plain (plain bfloat16 products: slower where "
+                 "the CPU has bfloat16 units) or with "
+                 "--gin.prompt_jax.t5_config.dtype=\"'float32'\"", EXIT_FAILURE)
   if isinstance(e, RunError):
     return _fail(command, str(e).splitlines()[0], EXIT_FAILURE)
   message = _bad_input_message(e)
@@ -596,6 +602,16 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
   print(f"prompt-jax {command}: error: {type(e).__name__}: {text}{hint}", file=sys.stderr,
         flush=True)
   return EXIT_FAILURE
+
+
+def _unrunnable_bfloat16_product(e: Optional[BaseException]) -> bool:
+  """Whether `e` (or an error it was raised from) is XLA CPU's run-time refusal of a bfloat16
+  product summed in float32 (models/layers.py CPU_PRODUCTS_ENV)."""
+  while e is not None:
+    if "DotThunk" in str(e) and "BF16 x BF16 = F32" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def _bad_input_message(e: Exception) -> Optional[str]:

@@ -6,6 +6,7 @@ parameter names are the checkpoint paths t5x writes.
 """
 import contextlib
 import functools
+import os
 import string
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -50,9 +51,29 @@ def sums_bfloat16_in_float32(dtype: DType) -> bool:
   bfloat16 -> bfloat16 product runs at about its float32 rate (170-190 GFLOP/s, any XLA CPU
   flag; docs/benchmarks.md). GPUs and TPUs already sum bfloat16 products in float32 inside their
   kernels and write the dtype asked for; there the plain product is kept. So is it where this
-  XLA CPU cannot run one of the products the path uses (`cpu_runs_float32_summed_products`)."""
+  XLA CPU cannot run one of the products the path uses (`cpu_runs_float32_summed_products`),
+  and where the user asks for the plain products (CPU_PRODUCTS_ENV=plain)."""
   return (jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and jax.default_backend() == "cpu"
-          and not _accelerator_products[0] and cpu_runs_float32_summed_products())
+          and not _accelerator_products[0] and cpu_products() == "float32_sums"
+          and cpu_runs_float32_summed_products())
+
+
+# The probe below runs each product alone; inside a whole program XLA CPU may still leave one of
+# them, in an operand layout it chose, to a dot it cannot run (UNIMPLEMENTED "BF16 x BF16 = F32"
+# in DotThunk when the program runs; seen once here, in a synthetic stack of attention calls,
+# never in a model's train, eval or infer step). Then `prompt-jax` says to set this to 'plain'.
+CPU_PRODUCTS_ENV = "PROMPT_JAX_CPU_BFLOAT16_PRODUCTS"
+_CPU_PRODUCTS = ("float32_sums", "plain")
+
+
+def cpu_products() -> str:
+  """CPU_PRODUCTS_ENV: 'float32_sums' (the default: `sums_bfloat16_in_float32`) or 'plain' (the
+  plain bfloat16 products, as before it); ValueError (one line) for another value."""
+  value = os.environ.get(CPU_PRODUCTS_ENV, "").strip().lower() or "float32_sums"
+  if value not in _CPU_PRODUCTS:
+    raise ValueError(f"{CPU_PRODUCTS_ENV}={os.environ[CPU_PRODUCTS_ENV]!r}: use one of "
+                     f"{', '.join(_CPU_PRODUCTS)}")
+  return value
 
 
 _accelerator_products = [False]  # set inside `accelerator_products()`

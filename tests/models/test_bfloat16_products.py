@@ -141,3 +141,42 @@ def test_plan_compiles_the_products_an_accelerator_runs(monkeypatch):
     params = jax.eval_shape(dense.init, jax.random.PRNGKey(0), x)
   with pytest.raises(AssertionError, match="the CPU path was traced"):
     jax.eval_shape(dense.apply, params, x)  # outside: the CPU path
+
+
+def test_plain_products_when_the_user_asks(monkeypatch):
+  """PROMPT_JAX_CPU_BFLOAT16_PRODUCTS=plain: the layers keep the plain bfloat16 products (what
+  `prompt-jax` tells a user whose program XLA CPU refuses to run); another value is an error."""
+  x = _bf16(jax.random.PRNGKey(2), (2, 8))
+  dense = layers.DenseGeneral(features=(4,), dtype=jnp.bfloat16)
+  params = dense.init(jax.random.PRNGKey(3), x)
+  kernel = params["params"]["kernel"].value.astype(jnp.bfloat16)
+  monkeypatch.setenv(layers.CPU_PRODUCTS_ENV, "plain")
+  assert not layers.sums_bfloat16_in_float32(jnp.bfloat16)
+  jaxpr = str(jax.make_jaxpr(dense.apply)(params, x))
+  assert "dot_general" in jaxpr and "preferred_element_type=float32" not in jaxpr
+  np.testing.assert_array_equal(np.asarray(dense.apply(params, x), np.float32),
+                                np.asarray(jnp.dot(x, kernel), np.float32))
+  monkeypatch.setenv(layers.CPU_PRODUCTS_ENV, "fast")
+  with pytest.raises(ValueError, match="PROMPT_JAX_CPU_BFLOAT16_PRODUCTS='fast': use one of"):
+    layers.sums_bfloat16_in_float32(jnp.bfloat16)
+  monkeypatch.delenv(layers.CPU_PRODUCTS_ENV)
+  assert layers.sums_bfloat16_in_float32(jnp.bfloat16)
+
+
+def test_the_cli_says_what_to_do_when_xla_cpu_refuses_a_product(capsys):
+  """XLA CPU's run-time refusal of a float32-summed product (the product jax 0.10.2 rejects,
+  raised from a step) is one line naming the setting that avoids it, exit 1."""
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  a, b = np.ones((2, 5, 2, 8), jnp.bfloat16), np.ones((2, 2, 5, 3), jnp.bfloat16)
+  try:
+    try:
+      jax.block_until_ready(jax.jit(lambda a, b: jnp.einsum(
+          "bqhd,bhqk->bkhd", a, b, preferred_element_type=jnp.float32))(a, b))
+    except Exception as refused:  # pylint: disable=broad-except
+      raise RuntimeError("the train step failed") from refused
+    pytest.skip("this XLA CPU runs the product jax 0.10.2's rejects")
+  except RuntimeError as e:
+    error = e
+  assert cli._error("train", error, verbose=False) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "PROMPT_JAX_CPU_BFLOAT16_PRODUCTS=plain" in err[0], err
