@@ -243,18 +243,15 @@ def _step_flops(args, batch, remat: str) -> float:
 
 def _split(args, params):
   """(trainable, frozen) of `params`: the prompt in float32, frozen weights as `prompt-jax
-  train` holds them (run_setup.frozen_dtypes 'auto'): in --dtype, except those the model uses in
-  float32 (`models.float32_params`: T5 1.1's output projection), which a step would otherwise
-  cast to float32 every time."""
+  train` holds them (`run_setup.frozen_dtypes` 'auto'): in --dtype, except those the model uses
+  in float32 (T5 1.1's output projection), which a step would otherwise cast every time."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from prompt_jax import trees  # pylint: disable=g-import-not-at-top
-  from prompt_jax.models import float32_params  # pylint: disable=g-import-not-at-top
+  from prompt_jax import run_setup, trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
-  dtype = getattr(jnp, args.dtype)
-  wide = {path: jnp.promote_types(dtype, jnp.float32) for path in float32_params(_config(args))}
+  dtype, exceptions = run_setup.frozen_dtypes(run_setup.AUTO, _config(args))
   frozen = trees.unflatten({
-      path: x.astype(wide.get(path, dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
+      path: x.astype(exceptions.get(path, dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
       for path, x in trees.flatten(frozen).items()})
   return trainable, frozen
 
