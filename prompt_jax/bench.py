@@ -310,7 +310,7 @@ def attention_form(config) -> str:
   from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
   probe = jax.ShapeDtypeStruct((1, 1, 1, config.head_dim), config.dtype)
   kernel = layers.attention_implementation(config.attention_implementation, probe, probe,
-                                           config.dtype, False)
+                                           config.dtype, False, config.remat_policy == "attention")
   if kernel not in ("xla", "cudnn"):  # the kernels that take lengths (takes_sequence_lengths)
     return kernel
   form = "lengths" if config.padding_as_lengths else "a [batch, heads, T, T] bias"

@@ -31,16 +31,21 @@ class T5Config:
   # Remat policy for layers (models/t5.py REMAT_POLICIES, t5x scalable_t5's names): 'none' (save
   # every activation the backward pass needs), 'attention' (save everything but the attention
   # weights [batch, heads, q, k]: the backward pass recomputes scores and softmax from the saved
-  # queries, keys and the stack's bias; einsum attention only), 'minimal' (save the outputs of
+  # queries, keys and the stack's bias; einsum and chunked attention, the latter by 'auto' on
+  # CPU in float32), 'minimal' (save the outputs of
   # the projections, matmuls without batch dimensions; recompute attention scores, norms and
   # activations), 'dots' (save every matmul output, attention scores included), 'full' (save
   # only each layer's input and recompute the layer in the backward pass).
   remat_policy: str = "none"
   # Attention kernel (layers.dot_product_attention): 'auto' (cuDNN fused attention on GPU for
-  # bfloat16/float16, the einsum path elsewhere: faster on XLA CPU than jax.nn's XLA path),
-  # 'cudnn', 'xla' (jax.nn.dot_product_attention's XLA path), 'pallas' (JAX's Pallas TPU flash
-  # attention; needs a TPU or Pallas TPU interpret mode; opt-in until measured on a TPU), or
-  # 'einsum' (the plain reference formulation; always used with attention dropout or float64).
+  # bfloat16/float16; 'chunked' on CPU in float32 under remat_policy='attention'; the einsum
+  # path elsewhere: faster on XLA CPU than jax.nn's XLA path), 'cudnn', 'xla'
+  # (jax.nn.dot_product_attention's XLA path), 'pallas' (JAX's Pallas TPU flash attention;
+  # needs a TPU or Pallas TPU interpret mode; opt-in until measured on a TPU), 'chunked' (the
+  # einsum path a few (batch, head) pairs at a time, each chunk's scores about a CPU core's
+  # cache, the weights recomputed in the backward pass: keeps no [batch, heads, q, k] array per
+  # layer), or 'einsum' (the plain reference formulation; the fused kernels fall back to it
+  # with attention dropout, and every kernel in float64).
   attention_implementation: str = "auto"
   # With jax.nn's kernels ('auto' on GPU), the encoder gives them its padding as sequence lengths
   # and the relative-position bias as [1, heads, T, T] instead of one [batch, heads, T, T] bias

@@ -94,7 +94,7 @@ def accelerator_products():
 def _probe_products() -> Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]:
   """(einsum spec, shape, shape) of every float32-summed product the layers use: a dense
   layer's and the attention's two products, each with the products of its gradients."""
-  dims = {"b": 2, "l": 3, "i": 8, "o": 4, "q": 5, "k": 3, "h": 2, "d": 8}
+  dims = {"b": 2, "l": 3, "i": 8, "o": 4, "q": 5, "k": 3, "h": 2, "d": 8, "c": 4}
   shape = lambda indices: tuple(dims[i] for i in indices)
   products = []
   for spec in ("bli,io->blo",) + tuple(_SUMMED_EINSUM_GRADIENTS):
@@ -137,6 +137,9 @@ ATTENTION_PRODUCT = "attention_product"  # the attention's float32_summed_einsum
 _SUMMED_EINSUM_GRADIENTS = {
     "bqhd,bkhd->bhqk": (("bhqk,bkhd->bqhd", True), ("bhqk,bqhd->bkhd", True)),
     "bhqk,bkhd->bqhd": (("bqhd,bkhd->bhqk", True), ("bhqk,bqhd->bkhd", False)),
+    # The same products on `_chunked_attention`'s [pairs, length, kv] chunks.
+    "cqd,ckd->cqk": (("cqk,ckd->cqd", True), ("cqk,cqd->ckd", True)),
+    "cqk,ckd->cqd": (("cqd,ckd->cqk", True), ("cqk,cqd->ckd", False)),
 }
 
 
@@ -565,18 +568,22 @@ class MultiHeadDotProductAttention(nn.Module):
     return key, value, mask, bias
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "xla", "cudnn", "pallas")
+ATTENTION_IMPLEMENTATIONS = ("auto", "einsum", "chunked", "xla", "cudnn", "pallas")
 
 
 def attention_implementation(requested: str, query: Array, key: Array, dtype: DType,
-                             dropout: bool) -> str:
+                             dropout: bool, recompute_weights: bool = False) -> str:
   """The kernel for this call: 'einsum' (reference), 'xla' or 'cudnn' (jax.nn's fused
   attention), 'pallas' (JAX's Pallas TPU flash attention, `_pallas_attention`). The fused
   kernels have no attention dropout and no float64; cuDNN needs bfloat16/float16 and head_dim a
   multiple of 8, at most 128. 'pallas' needs a TPU, or TPU interpret mode on CPU (tests): asked
   for elsewhere it raises rather than silently running another kernel.
 
-  'auto' is cuDNN where it applies, else the einsum path: jax.nn's 'xla' implementation is the
+  'chunked' (`_chunked_attention`) is the einsum path run a few (batch, head) pairs at a time,
+  each chunk's scores held about the size of a core's cache; it takes attention dropout.
+
+  'auto' is cuDNN where it applies; with `recompute_weights` (the 'attention' remat policy) in
+  float32 on a CPU, 'chunked' (`chunked_pays`); else the einsum path: jax.nn's 'xla' implementation is the
   same computation written differently, and on XLA CPU the float32 train step of T5 1.1 small
   (batch 8, this 2-core machine, runs interleaved) took 2.19 s with einsum against 2.38-2.44 s
   with it at 256 inputs, 5.12-5.62 s against 5.26-6.43 s at 512; the einsum path also keeps one
@@ -589,15 +596,32 @@ def attention_implementation(requested: str, query: Array, key: Array, dtype: DT
   if requested == "pallas" and jax.default_backend() != "tpu" and not _tpu_interpret_mode():
     raise ValueError(f"attention_implementation='pallas' needs a TPU (the backend is "
                      f"{jax.default_backend()!r} and Pallas TPU interpret mode is not forced)")
-  if requested == "einsum" or dropout or jnp.dtype(dtype) == jnp.float64:
+  if requested == "einsum" or jnp.dtype(dtype) == jnp.float64:
     return "einsum"
-  if requested != "auto":
-    return requested
+  if requested == "chunked" or (requested == "auto" and recompute_weights
+                                and chunked_pays(dtype)):
+    return "chunked"
+  if dropout or requested != "auto":  # jax.nn's kernels and Pallas have no attention dropout
+    return "einsum" if dropout else requested
   head_dim = query.shape[-1]
   cudnn_ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
               and query.dtype == key.dtype == jnp.dtype(dtype)
               and head_dim % 8 == 0 and head_dim <= 128)
   return "cudnn" if cudnn_ok else "einsum"
+
+
+def chunked_pays(dtype: DType) -> bool:
+  """Whether 'auto' runs attention whose weights the backward pass recomputes (the 'attention'
+  remat policy) as 'chunked' rather than the einsum path under jax.checkpoint: in float32 on a
+  CPU backend with one device (its chunks are a `lax.map` over batch x heads, which a mesh that
+  shards the batch would gather). T5 1.1 small's float32 train step on a 2-core Xeon (glibc's
+  malloc kept, separate runs alternating, docs/benchmarks.md), remat 'attention': batch 8 x 612
+  2.69-3.01 s at 1710 MB against 2.93-3.15 s at 1955 MB; batch 32 x 228 3.55-3.73 s at 2150 MB
+  against 3.66-3.83 s at 2295 MB. Without that policy the einsum path keeps the weights and is
+  faster (2.64-2.77 against 2.75-2.87 s at 612, for 2168 against 1709 MB); in bfloat16
+  'chunked' was slower at every length tried (its small products cost more per call)."""
+  return (jnp.dtype(dtype) == jnp.float32 and jax.default_backend() == "cpu"
+          and jax.device_count() == 1)
 
 
 def takes_sequence_lengths(requested: str, dtype: DType, head_dim: int) -> bool:
@@ -670,64 +694,149 @@ def dot_product_attention(query: Array, key: Array, value: Array,
   given. `implementation` (see `attention_implementation`): 'einsum' is the reference below;
   'xla'/'cudnn' call `jax.nn.dot_product_attention` (scale 1: T5 folds 1/sqrt(d) into the query
   init), which on GPU is cuDNN's fused attention with the bias; 'pallas' is JAX's TPU flash
-  attention kernel (`_pallas_attention`).
+  attention kernel (`_pallas_attention`); 'chunked' is the einsum path a few (batch, head) pairs
+  at a time (`_chunked_attention`), with dropout.
 
   `recompute_weights` (the 'attention' remat policy; einsum path): the backward pass keeps
   only query, key, value and bias and recomputes the scores and weights from them instead of
   keeping the weights [batch, heads, q, k], the largest array a layer keeps (the fused kernels,
-  'pallas' included, keep no weights: it is ignored for them).
+  'pallas' and 'chunked' included, keep no weights: it is ignored for them; 'auto' takes
+  'chunked' for it on a CPU in float32, `chunked_pays`).
 
   `bias` may be a `PaddedBias` (padding at the end of each row, as lengths): jax.nn's kernels
   take it as sequence lengths, the others its `dense` form; padded query rows come out 0.
   """
   dropout = not deterministic and dropout_rate > 0.0
-  impl = attention_implementation(implementation, query, key, dtype, dropout)
-  if isinstance(bias, PaddedBias):
-    padded = bias
-    if impl in ("xla", "cudnn"):
-      q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
-      b = None if padded.bias is None else jnp.asarray(padded.bias, dtype)
-      # A row of padding alone (length 0: a batch's filler example without a prompt) is given
-      # one position: with none, a kernel's softmax over no key may be 0/0, and NaN in a padded
-      # row would reach the loss through 0 x NaN. Its outputs are zeroed below all the same.
-      at_least_one = lambda n: jnp.maximum(n, 1).astype(jnp.int32)  # [batch]
-      out = jax.nn.dot_product_attention(
-          q, k, v, bias=b, scale=1.0, query_seq_lengths=at_least_one(padded.query_lengths),
-          key_value_seq_lengths=at_least_one(padded.key_lengths), implementation=impl)
-    else:
-      out = dot_product_attention(
-          query, key, value, padded.dense(query.shape[1], key.shape[1], dtype), dropout_rng,
-          dropout_rate, deterministic, dtype, float32_logits, implementation, recompute_weights)
-    keep = padded.query_valid(query.shape[1])[:, :, None, None]  # [batch, q, 1, 1]
-    return jnp.where(keep, out, jnp.zeros((), out.dtype))  # [batch, q, heads, kv]
-  if impl == "pallas":
-    return _pallas_attention(query, key, value, bias, dtype)
-  if impl != "einsum":
+  impl = attention_implementation(implementation, query, key, dtype, dropout, recompute_weights)
+  padded = bias if isinstance(bias, PaddedBias) else None
+  if padded is not None and impl not in ("xla", "cudnn"):
+    bias = padded.dense(query.shape[1], key.shape[1], dtype)  # [batch, heads, q, k]
+  if impl in ("xla", "cudnn"):
     q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
-    b = None if bias is None else jnp.asarray(bias, dtype)
-    # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
-    return jax.nn.dot_product_attention(q, k, v, bias=b, scale=1.0, implementation=impl)
-  def attend(query, key, value, bias, dropout_rng):
-    if float32_logits:
-      query = query.astype(at_least_float32(query.dtype))
-      key = key.astype(at_least_float32(key.dtype))
-    logits = _attention_product("bqhd,bkhd->bhqk", query, key)  # [batch, heads, q, k]
-    if bias is not None:
-      logits = logits + bias.astype(logits.dtype)
-    weights = softmax(logits).astype(dtype)  # [batch, heads, q, k]
-    if dropout:
-      keep_prob = 1.0 - dropout_rate
-      dropout_shape = list(weights.shape)
-      dropout_shape[-2] = 1
-      keep = jax.random.bernoulli(dropout_rng, keep_prob, dropout_shape)
-      keep = jnp.broadcast_to(keep, weights.shape)
-      weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
-    # [batch, q, heads, kv]
-    return _attention_product("bhqk,bkhd->bqhd", weights, value.astype(dtype))
+    if padded is None:
+      b = None if bias is None else jnp.asarray(bias, dtype)
+      # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
+      return jax.nn.dot_product_attention(q, k, v, bias=b, scale=1.0, implementation=impl)
+    b = None if padded.bias is None else jnp.asarray(padded.bias, dtype)
+    # A row of padding alone (length 0: a batch's filler example without a prompt) is given
+    # one position: with none, a kernel's softmax over no key may be 0/0, and NaN in a padded
+    # row would reach the loss through 0 x NaN. Its outputs are zeroed below all the same.
+    at_least_one = lambda n: jnp.maximum(n, 1).astype(jnp.int32)  # [batch]
+    out = jax.nn.dot_product_attention(
+        q, k, v, bias=b, scale=1.0, query_seq_lengths=at_least_one(padded.query_lengths),
+        key_value_seq_lengths=at_least_one(padded.key_lengths), implementation=impl)
+  elif impl == "pallas":
+    out = _pallas_attention(query, key, value, bias, dtype)
+  else:
+    keep = None
+    if dropout:  # T5's: one draw per key, shared across query positions
+      batch, k_len, heads = key.shape[0], key.shape[1], query.shape[2]
+      keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, (batch, heads, 1, k_len))
+    attend = functools.partial(_attend, keep_prob=1.0 - dropout_rate, dtype=dtype,
+                               float32_logits=float32_logits)
+    if impl == "chunked":
+      out = _chunked_attention(attend, query, key, value, bias, keep)
+    else:
+      if recompute_weights:
+        attend = jax.checkpoint(attend)  # keeps its inputs (the dropout draw among them)
+      out = attend(query, key, value, bias, keep)
+  if padded is None:
+    return out
+  valid = padded.query_valid(query.shape[1])[:, :, None, None]  # [batch, q, 1, 1]
+  return jnp.where(valid, out, jnp.zeros((), out.dtype))  # [batch, q, heads, kv]
 
-  if recompute_weights:
-    attend = jax.checkpoint(attend)  # keeps its inputs; the same key gives the same dropout
-  return attend(query, key, value, bias, dropout_rng)
+
+def _attend(query: Array, key: Array, value: Array, bias: Optional[Array],
+            keep: Optional[Array], keep_prob: float, dtype: DType, float32_logits: bool,
+            specs: Tuple[str, str] = ("bqhd,bkhd->bhqk", "bhqk,bkhd->bqhd")) -> Array:
+  """The einsum path: softmax(q k^T + bias) v for query [batch, q, heads, kv], key and value
+  [batch, k, heads, kv], `bias` [batch|1, heads|1, q, k]; `keep` [batch|1, heads|1, 1, k] (bool,
+  or None: no dropout) keeps weights, scaled by 1 / keep_prob. -> [batch, q, heads, kv].
+  `specs` (the scores' and the output's products) give other layouts of the same computation
+  (`_chunked_attention`'s [pairs, length, kv])."""
+  if float32_logits:
+    query = query.astype(at_least_float32(query.dtype))
+    key = key.astype(at_least_float32(key.dtype))
+  logits = _attention_product(specs[0], query, key)  # [batch, heads, q, k]
+  if bias is not None:
+    logits = logits + bias.astype(logits.dtype)
+  weights = softmax(logits).astype(dtype)  # [batch, heads, q, k]
+  if keep is not None:
+    weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+  return _attention_product(specs[1], weights, value.astype(dtype))  # [batch, q, heads, kv]
+
+
+# The attention scores (float32) one chunk of `_chunked_attention` holds, at most: about a
+# core's L2 cache. One self-attention's forward + backward alone, T5 1.1 small's heads, batch
+# 8 x 612, float32, a 2-core Xeon with 2 MB of L2 per core, glibc's malloc kept: 2 (batch,
+# head) pairs a chunk (3 MB of scores) 81-84 ms, 3 pairs 82-84, 6 pairs 82-85, 12 pairs 94-97,
+# 1 pair 157-160; the einsum path 107-111 ms (docs/benchmarks.md). Budgets of 2-16 MB were
+# within 10% of each other at 164-328 positions.
+CHUNK_BYTES = 4 << 20
+
+
+def chunk_pairs(batch: int, heads: int, q_len: int, k_len: int,
+                budget: Optional[int] = None) -> int:
+  """How many (batch, head) pairs one chunk of `_chunked_attention` takes: the most whose
+  float32 scores [pairs, q, k] fit `budget` bytes (at least 2, when there are 2: one pair alone
+  is a product without a batch dimension, which XLA CPU ran 1.9x slower), among the divisors of
+  `heads` (a chunk within one batch row) and `heads` x the divisors of `batch` (whole rows)."""
+  budget = CHUNK_BYTES if budget is None else budget
+  sizes = sorted({d for d in range(1, heads + 1) if heads % d == 0}
+                 | {heads * m for m in range(1, batch + 1) if batch % m == 0})
+  fits = [s for s in sizes if s * q_len * k_len * 4 <= budget]
+  size = fits[-1] if fits else 1
+  return sizes[1] if size == 1 and len(sizes) > 1 else size
+
+
+def _pair_rows(x: Array, start: Array, size: int, heads: int) -> Array:
+  """x [batch|1, heads|1, ...]: the rows of (batch, head) pairs start ... start + size - 1 (in
+  batch-major order) as [size|1, ...], for a chunk of `chunk_pairs` (a broadcast dimension
+  stays broadcast where the chunk lies within one batch row)."""
+  if size <= heads:  # `size` heads of one batch row
+    row = lax.dynamic_index_in_dim(x, start // heads if x.shape[0] > 1 else 0, 0,
+                                   keepdims=False)  # [heads|1, ...]
+    if row.shape[0] > 1:
+      row = lax.dynamic_slice_in_dim(row, start % heads, size, 0)
+    return row  # [size|1, ...]
+  rows = size // heads  # whole batch rows
+  part = lax.dynamic_slice_in_dim(x, start // heads, rows, 0) if x.shape[0] > 1 else x
+  part = jnp.broadcast_to(part, (rows, heads) + x.shape[2:])
+  return part.reshape((size,) + x.shape[2:])
+
+
+def _chunked_attention(attend: Callable[..., Array], query: Array, key: Array, value: Array,
+                       bias: Optional[Array], keep: Optional[Array]) -> Array:
+  """`attend` (the einsum path, `_attend`) run one chunk of (batch, head) pairs at a time
+  (`lax.map`), each chunk under `jax.checkpoint`: its scores and weights [pairs, q, k] stay about
+  the size of a core's cache (`chunk_pairs`) instead of [batch, heads, q, k] arrays in memory,
+  and the backward pass keeps only the chunk's inputs and recomputes its weights (the layers
+  keep no attention weights). The same arithmetic as the einsum path on each pair, the same
+  dropout draw (`keep`, drawn whole by the caller); bias and dropout gradients as autodiff
+  gives them. query [batch, q, heads, kv], key/value [batch, k, heads, kv], bias [batch|1,
+  heads|1, q, k] (the stacks give it the dense bias they build once for all layers: each chunk
+  building its rows from a `PaddedBias` instead made the train step at 8 x 612 1.06x slower,
+  docs/benchmarks.md), keep [batch, heads, 1, k] -> [batch, q, heads, kv]."""
+  batch, q_len, heads, _ = query.shape
+  k_len = key.shape[1]
+  size = chunk_pairs(batch, heads, q_len, k_len)
+  count = batch * heads // size
+
+  def chunks(x):  # [batch, length, heads, kv] -> [count, size, length, kv]
+    x = x.transpose(0, 2, 1, 3)  # [batch, heads, length, kv]
+    return x.reshape((count, size) + x.shape[2:])
+
+  def one(args):
+    i, q, k, v = args  # [size, length, kv]
+    start = i * size
+    b = None if bias is None else _pair_rows(bias, start, size, heads)  # [size|1, q, k]
+    kp = None if keep is None else _pair_rows(keep, start, size, heads)  # [size, 1, k]
+    return attend(q, k, v, b, kp, specs=("cqd,ckd->cqk", "cqk,ckd->cqd"))  # [size, q, kv]
+
+  out = lax.map(jax.checkpoint(one, prevent_cse=False),
+                (jnp.arange(count), chunks(query), chunks(key), chunks(value)))
+  out = out.reshape((batch, heads) + out.shape[2:])  # [batch, heads, q, kv]
+  return out.transpose(0, 2, 1, 3)  # [batch, q, heads, kv]
 
 
 def _attention_product(spec: str, a: Array, b: Array) -> Array:
