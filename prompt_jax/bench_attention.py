@@ -6,7 +6,8 @@ One encoder self-attention of the preset's shape (`--batch` rows of `--inputs` +
 positions, the preset's heads and head size) with T5's additive bias: a random relative-position
 bias [1, heads, q, k] plus a padding mask (the last quarter of the rows half padding, at the end
 of the input as T5's feature converter pads). Each kernel `models.layers.dot_product_attention` can pick here runs in `--dtype`:
-'einsum' (the reference path), 'xla' (jax.nn's XLA path), 'cudnn' (GPU, bfloat16) and 'pallas'
+'einsum' (the reference path), 'chunked' (the einsum path a few (batch, head) pairs at a time),
+'xla' (jax.nn's XLA path), 'cudnn' (GPU, bfloat16) and 'pallas'
 (TPU); 'xla+lengths' and 'cudnn+lengths' are jax.nn's kernels given the padding as sequence
 lengths and only the [1, heads, q, k] relative-position bias, instead of one [batch, heads, q, k]
 bias (less to read, and a smaller bias gradient cuDNN computes whether it is needed or not): the
@@ -27,7 +28,7 @@ def kernels(dtype) -> List[str]:
   """The kernels `dot_product_attention` can run here in `dtype` (the reference first)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  names = ["einsum", "xla", "xla+lengths"]
+  names = ["einsum", "chunked", "xla", "xla+lengths"]
   backend = jax.default_backend()
   if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
     names += ["cudnn", "cudnn+lengths"]

@@ -6,8 +6,8 @@ from prompt_jax import cli
 
 
 def test_fused_kernel_errors_are_those_of_the_reference_path(capsys):
-  """On CPU the kernels are 'einsum', 'xla' (jax.nn's) and 'xla+lengths' (jax.nn's given the
-  padding as sequence lengths). All compute the same float32 math,
+  """On CPU the kernels are 'einsum', 'chunked', 'xla' (jax.nn's) and 'xla+lengths' (jax.nn's
+  given the padding as sequence lengths). All compute the same float32 math,
   so the fused kernel's errors against float64 stay within a few times the einsum path's own
   (measured 0.6-1.0x): a bias the kernel dropped, or padded query rows in the comparison
   (-1e10 swamps the relative-position bias in float32), would put them orders above."""
@@ -16,19 +16,19 @@ def test_fused_kernel_errors_are_those_of_the_reference_path(capsys):
   out = capsys.readouterr().out
   assert "attention: t5_1_1_small, batch 4 x 40 inputs (+5 prompt), float32" in out
   rows = {}
-  for kernel, rest in re.findall(r"^  (einsum|xla|xla\+lengths) +(out .*)$", out, re.M):
+  for kernel, rest in re.findall(r"^  (einsum|chunked|xla|xla\+lengths) +(out .*)$", out, re.M):
     errors = dict(re.findall(r"(out|dq|dk|dv) ([0-9.e+-]+) \(x", rest))
     ratios = dict(re.findall(r"(out|dq|dk|dv) [0-9.e+-]+ \(x([0-9.]+)\)", rest))
     assert re.search(r"forward [0-9.]+ ms, forward\+backward [0-9.]+ ms", rest), rest
     rows[kernel] = ({k: float(v) for k, v in errors.items()},
                     {k: float(v) for k, v in ratios.items()})
-  assert set(rows) == {"einsum", "xla", "xla+lengths"}, out
+  assert set(rows) == {"einsum", "chunked", "xla", "xla+lengths"}, out
   einsum_errors, einsum_ratios = rows["einsum"]
   assert set(einsum_ratios.values()) == {1.0}
   # float32 against float64: the reference path does round (an error of 0 would mean the
   # "float64" side ran in float32 too), and by float32-sized amounts.
   assert all(0 < e < 1e-3 for e in einsum_errors.values()), einsum_errors
-  for kernel in ("xla", "xla+lengths"):  # the padding as a mask in the bias, or as lengths
+  for kernel in ("chunked", "xla", "xla+lengths"):  # chunks; the padding in the bias, or lengths
     _, ratios = rows[kernel]
     assert all(r <= 4.0 for r in ratios.values()), (kernel, ratios)
 
