@@ -9,7 +9,6 @@ path's own distance to the float64 einsum result ('chunked' in float64 is the ei
 the float64 side is not run for it).
 """
 import contextlib
-import functools
 import io
 
 import jax
