@@ -583,13 +583,14 @@ def attention_implementation(requested: str, query: Array, key: Array, dtype: DT
   each chunk's scores held about the size of a core's cache; it takes attention dropout.
 
   'auto' is cuDNN where it applies; with `recompute_weights` (the 'attention' remat policy) in
-  float32 on a CPU, 'chunked' (`chunked_pays`); else the einsum path: jax.nn's 'xla' implementation is the
-  same computation written differently, and on XLA CPU the float32 train step of T5 1.1 small
-  (batch 8, this 2-core machine, runs interleaved) took 2.19 s with einsum against 2.38-2.44 s
-  with it at 256 inputs, 5.12-5.62 s against 5.26-6.43 s at 512; the einsum path also keeps one
-  array of attention scores per layer for the backward pass (`softmax` below): 4.85 s at 512,
-  peak RSS 2816 MB against 2763 MB with 'xla' (docs/benchmarks.md). 'auto' never picks 'pallas':
-  it is opt-in until measured on a TPU (only its numerics are tested, in interpret mode)."""
+  float32 on a CPU, 'chunked' (`chunked_pays`); else the einsum path: jax.nn's 'xla'
+  implementation is the same computation written differently, and on XLA CPU the float32 train
+  step of T5 1.1 small (batch 8, this 2-core machine, runs interleaved) took 2.19 s with einsum
+  against 2.38-2.44 s with it at 256 inputs, 5.12-5.62 s against 5.26-6.43 s at 512; the einsum
+  path also keeps one array of attention scores per layer for the backward pass (`softmax`
+  below): 4.85 s at 512, peak RSS 2816 MB against 2763 MB with 'xla' (docs/benchmarks.md).
+  'auto' never picks 'pallas': it is opt-in until measured on a TPU (only its numerics are
+  tested, in interpret mode)."""
   if requested not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
                      f"got {requested!r}")
@@ -601,8 +602,10 @@ def attention_implementation(requested: str, query: Array, key: Array, dtype: DT
   if requested == "chunked" or (requested == "auto" and recompute_weights
                                 and chunked_pays(dtype)):
     return "chunked"
-  if dropout or requested != "auto":  # jax.nn's kernels and Pallas have no attention dropout
-    return "einsum" if dropout else requested
+  if dropout:  # jax.nn's kernels and Pallas have no attention dropout
+    return "einsum"
+  if requested != "auto":
+    return requested
   head_dim = query.shape[-1]
   cudnn_ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
               and query.dtype == key.dtype == jnp.dtype(dtype)
