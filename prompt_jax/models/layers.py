@@ -6,8 +6,10 @@ parameter names are the checkpoint paths t5x writes.
 """
 import contextlib
 import functools
+import inspect
 import os
 import string
+import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
@@ -696,7 +698,8 @@ def dot_product_attention(query: Array, key: Array, value: Array,
   wants (-1e10 at hidden positions) and T5's relative-position bias: the kernels take it as
   given. `implementation` (see `attention_implementation`): 'einsum' is the reference below;
   'xla'/'cudnn' call `jax.nn.dot_product_attention` (scale 1: T5 folds 1/sqrt(d) into the query
-  init), which on GPU is cuDNN's fused attention with the bias; 'pallas' is JAX's TPU flash
+  init), which on GPU is cuDNN's fused attention with the bias (whose gradient it computes only
+  when the bias is differentiated: `_cudnn_attention`); 'pallas' is JAX's TPU flash
   attention kernel (`_pallas_attention`); 'chunked' is the einsum path a few (batch, head) pairs
   at a time (`_chunked_attention`), with dropout.
 
@@ -715,19 +718,20 @@ def dot_product_attention(query: Array, key: Array, value: Array,
   if padded is not None and impl not in ("xla", "cudnn"):
     bias = padded.dense(query.shape[1], key.shape[1], dtype)  # [batch, heads, q, k]
   if impl in ("xla", "cudnn"):
+    # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
     q, k, v = (jnp.asarray(x, dtype) for x in (query, key, value))
+    fused = _cudnn_attention if impl == "cudnn" else functools.partial(_jax_nn_attention,
+                                                                       implementation=impl)
     if padded is None:
       b = None if bias is None else jnp.asarray(bias, dtype)
-      # cuDNN (and XLA's path) keep the softmax in float32 internally, as float32_logits asks.
-      return jax.nn.dot_product_attention(q, k, v, bias=b, scale=1.0, implementation=impl)
+      return fused(q, k, v, b, None, None)
     b = None if padded.bias is None else jnp.asarray(padded.bias, dtype)
     # A row of padding alone (length 0: a batch's filler example without a prompt) is given
     # one position: with none, a kernel's softmax over no key may be 0/0, and NaN in a padded
     # row would reach the loss through 0 x NaN. Its outputs are zeroed below all the same.
     at_least_one = lambda n: jnp.maximum(n, 1).astype(jnp.int32)  # [batch]
-    out = jax.nn.dot_product_attention(
-        q, k, v, bias=b, scale=1.0, query_seq_lengths=at_least_one(padded.query_lengths),
-        key_value_seq_lengths=at_least_one(padded.key_lengths), implementation=impl)
+    out = fused(q, k, v, b, at_least_one(padded.query_lengths),
+                at_least_one(padded.key_lengths))
   elif impl == "pallas":
     out = _pallas_attention(query, key, value, bias, dtype)
   else:
@@ -747,6 +751,99 @@ def dot_product_attention(query: Array, key: Array, value: Array,
     return out
   valid = padded.query_valid(query.shape[1])[:, :, None, None]  # [batch, q, 1, 1]
   return jnp.where(valid, out, jnp.zeros((), out.dtype))  # [batch, q, heads, kv]
+
+
+def _jax_nn_attention(query: Array, key: Array, value: Array, bias: Optional[Array],
+                      query_lengths: Optional[Array], key_lengths: Optional[Array],
+                      implementation: str, bias_gradient: bool = True) -> Array:
+  """jax.nn.dot_product_attention (scale 1) with optional sequence lengths [batch]. With
+  `bias_gradient=False` and 'cudnn', the kernel's backward pass is traced without the bias
+  gradient (`_cudnn_without_bias_gradient`): the bias then gets a zero cotangent."""
+  call = functools.partial(jax.nn.dot_product_attention, query, key, value, bias=bias, scale=1.0,
+                           query_seq_lengths=query_lengths, key_value_seq_lengths=key_lengths,
+                           implementation=implementation)
+  if implementation != "cudnn" or bias is None:
+    return call()
+  with _cudnn_without_bias_gradient(not bias_gradient):
+    return call()
+
+
+# jax's cuDNN attention asks the kernel for the bias gradient whenever there is a bias (its
+# `variadic_args` (has_bias, has_dbias) in jax 0.10-0.11: `fused_attention_stablehlo.
+# dot_product_attention` sets has_dbias for any bias it is given), and the backward custom call
+# computes it whether anyone reads it or not. In prompt tuning, T5's relative-position bias is
+# frozen: on an H200 (T5 1.1 base, batch 32 x 612, bfloat16, jax 0.11.2) cuDNN's bias-gradient
+# kernel took 2.3 of the step's 34.5 ms of device time (`cudnn::fusion::fmha_dbias`), with a
+# separate dQ product beside it (`cudnn::fusion::matmul_dq`, 2.2 ms; docs/benchmarks.md). While
+# such a call is traced, jax's module global `_dot_product_attention` (the custom_vjp the public
+# function calls) is replaced by one that asks for no bias gradient; the lock keeps a trace on
+# another thread (the train step compiled ahead, run_setup) from seeing the switch. A jax
+# without that global, or whose function has no `variadic_args`, is left alone: the gradient is
+# computed as before, never wrong.
+_CUDNN_TRACE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _cudnn_without_bias_gradient(switch_off: bool):
+  with _CUDNN_TRACE_LOCK:
+    try:
+      # pylint: disable-next=g-import-not-at-top
+      from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+      original = cudnn_attention._dot_product_attention  # pylint: disable=protected-access
+      signature = inspect.signature(original)
+    except (ImportError, AttributeError, TypeError, ValueError):
+      switch_off = False
+    if not switch_off or "variadic_args" not in signature.parameters:
+      yield
+      return
+
+    def without_bias_gradient(*args, **kwargs):
+      bound = signature.bind(*args, **kwargs)
+      has_bias = bound.arguments["variadic_args"][0]
+      bound.arguments["variadic_args"] = (has_bias, False)
+      return original(*bound.args, **bound.kwargs)
+
+    # pylint: disable-next=protected-access
+    cudnn_attention._dot_product_attention = without_bias_gradient
+    try:
+      yield
+    finally:
+      cudnn_attention._dot_product_attention = original  # pylint: disable=protected-access
+
+
+@jax.custom_vjp
+def _cudnn_attention(query: Array, key: Array, value: Array, bias: Optional[Array],
+                     query_lengths: Optional[Array], key_lengths: Optional[Array]) -> Array:
+  """cuDNN's fused attention (`_jax_nn_attention`) whose backward pass computes the bias
+  gradient only when the bias is being differentiated: a custom_vjp with symbolic zeros, whose
+  forward rule learns whether the bias is perturbed (it is not when it comes from frozen
+  weights alone, as T5's relative-position bias in prompt tuning; it is in full fine-tuning)."""
+  return _jax_nn_attention(query, key, value, bias, query_lengths, key_lengths, "cudnn")
+
+
+def _cudnn_attention_fwd(query, key, value, bias, query_lengths, key_lengths):
+  # Every argument is a CustomVJPPrimal (value, perturbed), or None.
+  lengths = tuple(None if n is None else n.value for n in (query_lengths, key_lengths))
+  q, k, v = query.value, key.value, value.value
+  if bias is None or not bias.perturbed:
+    b = None if bias is None else bias.value
+    out, pullback = jax.vjp(
+        lambda q, k, v: _jax_nn_attention(q, k, v, b, *lengths, "cudnn", bias_gradient=False),
+        q, k, v)
+  else:
+    out, pullback = jax.vjp(
+        lambda q, k, v, b: _jax_nn_attention(q, k, v, b, *lengths, "cudnn"), q, k, v, bias.value)
+  return out, pullback  # jax.vjp's pullback is a pytree of its residuals
+
+
+def _cudnn_attention_bwd(pullback, cotangent):
+  if isinstance(cotangent, jax.custom_derivatives.SymbolicZero):
+    cotangent = jnp.zeros(cotangent.shape, cotangent.dtype)
+  grads = tuple(pullback(cotangent))  # (dq, dk, dv[, dbias])
+  return grads + (None,) * (6 - len(grads))  # no bias gradient where it was not perturbed
+
+
+_cudnn_attention.defvjp(_cudnn_attention_fwd, _cudnn_attention_bwd, symbolic_zeros=True)
 
 
 def _attend(query: Array, key: Array, value: Array, bias: Optional[Array],
