@@ -10,9 +10,12 @@
 # Each bench has its own time limit, cut to what is left of BUDGET seconds (default 560, under the
 # call's 10 minutes), so a slow one still leaves the others' figures in $OUT/bench.md; the most
 # wanted run first. SMOKE=1: tiny shapes, to check the script on a CPU. PART=2 (the large and
-# float32 rows) and PART=3 (XXL, whose random weights and compile outran 150 s) are further
-# calls. On an H100 (2026-11-26): the default part took 237 s (before the bias-form row was
-# added: about 40 s more), PART=2 about 200 s, and a start about 30 s of device time.
+# float32 rows) is a further call; PART=3 runs the XXL row alone. On an H100 (2026-11-26): the
+# default part took 237 s (before the bias-form row was added), PART=2 about 200 s, and a start
+# about 30 s of device time; on an H200 (2026-11-27) the default part took 252 s (before the
+# XXL row and the profile were added: XXL alone took 42 s).
+# The base step's profile comes back as $OUT/base_step.xplane.pb: read it here with
+# `python -m prompt_jax.bench_profile DIR` (DIR holding the file; it needs TensorFlow).
 set -uo pipefail
 out=${OUT:-/tmp/device_bench}
 mkdir -p "$out"
@@ -63,7 +66,9 @@ fi
 bench 90 attention --preset=t5_1_1_base --batch=32 --inputs=512 --dtype=bfloat16
 # The issue's first table row: base, batch 32 x (512 + 100), 8 targets, bfloat16, vs PEFT.
 bench 150 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
-  --dtype=bfloat16 --reference=peft --steps=5
+  --dtype=bfloat16 --reference=peft --steps=5 --profile=/tmp/base_step_trace
+trace=$(find /tmp/base_step_trace -name '*.xplane.pb' 2>/dev/null | head -1)
+[ -n "$trace" ] && cp "$trace" "$out/base_step.xplane.pb"
 # The same step with cuDNN given the [batch, heads, T, T] bias instead of the padding as lengths
 # (the form before layers.PaddedBias; 0.043 s/step on the first H100 run).
 bench 60 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
@@ -72,5 +77,8 @@ bench 60 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
 bench 280 startup --preset=t5_1_1_xl --batch=16 --inputs=512 --targets=8 --dtype=bfloat16
 # The XL row's MFU (goal 50%), ours alone: PEFT's XL side would not fit the call.
 bench 120 train_step --preset=t5_1_1_xl --batch=16 --inputs=512 --targets=8 \
+  --dtype=bfloat16 --reference=none --steps=5
+# XXL's MFU (goal 50%), ours alone (42 s on the H200, 65 GB of device memory).
+bench 120 train_step --preset=t5_1_1_xxl --batch=8 --inputs=512 --targets=8 \
   --dtype=bfloat16 --reference=none --steps=5
 echo "results: $record"

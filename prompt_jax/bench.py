@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="train_step/epoch: T5Config.padding_as_lengths of our side (false: "
                       "jax.nn's kernels get the [batch, heads, T, T] bias, to compare the forms)")
   p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for our side")
+  p.add_argument("--profile", default=None, metavar="DIR",
+                 help="train_step: a jax.profiler trace of two of our steps (after the timed "
+                      "ones) in DIR; `python -m prompt_jax.bench_profile DIR` sums its kernels")
   p.add_argument("--flag_sweep", action="store_true",
                  help="run our side under each of CPU_FLAG_SETS and compare with the default")
   p.add_argument("--record", default=None, metavar="PATH",
@@ -296,6 +299,9 @@ def _ours(args) -> Dict[str, float]:
 
   _time(one, 2)  # compilation and warm-up
   seconds = statistics.median(_time(one, args.steps))
+  if args.profile:  # after the timing, which the tracing would slow
+    with jax.profiler.trace(args.profile):
+      _time(one, 2)
   return {"seconds_per_step": seconds,
           "flops_per_step": useful,
           "flops_run": run,
@@ -580,6 +586,9 @@ def _train_step(args, argv, reference, say) -> None:
       f"matmuls{' without remat' if recomputed else ''}) per step / the "
       f"{ours['matmul_peak_flops'] / 1e12:.3g} TFLOP/s of one large matmul measured in the "
       f"same run{recomputed}")
+  if args.profile:
+    say(f"  a trace of two of our steps: {args.profile} (python -m prompt_jax.bench_profile "
+        f"{args.profile})")
   ref = None
   if reference != "none":
     ref = _run_side(reference, side_argv)

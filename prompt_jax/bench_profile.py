@@ -1,0 +1,97 @@
+"""Where a step's device time goes: the kernels of a `jax.profiler` trace, summed per kernel.
+
+`prompt-jax bench train_step --profile=DIR` traces two of our steps after the timed ones (on a
+GPU: every kernel the step launched, with its device time); then, on any machine with
+TensorFlow (whose `tsl` protos read the trace; the accelerator images here have none):
+
+  python -m prompt_jax.bench_profile DIR [--top=40]
+
+prints, per kernel name, the device milliseconds per step, the share of the device's busy time
+and the launches per step; the span between the first kernel's start and the last one's end
+says how busy the device was. On a CPU the trace holds host threads only: no kernels to sum.
+TensorBoard's profile plugin (xprof) reads the same directory for the full picture.
+"""
+import argparse
+import collections
+import glob
+import os
+import sys
+from typing import List, Optional, Sequence
+
+
+def _xplane_pb2():
+  for name in ("tsl.profiler.protobuf.xplane_pb2",
+               "tensorflow.tsl.profiler.protobuf.xplane_pb2"):
+    try:
+      return __import__(name, fromlist=["XSpace"])
+    except ImportError:
+      continue
+  raise ImportError("reading a trace needs TensorFlow (its tsl profiler protos): "
+                    "pip install tensorflow, or open DIR with TensorBoard's profile plugin")
+
+
+def newest_trace(directory: str) -> str:
+  """The newest *.xplane.pb under `directory` (jax.profiler writes one per trace)."""
+  found = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
+  if not found:
+    raise FileNotFoundError(f"no *.xplane.pb under {directory}: is it a jax.profiler trace "
+                            f"directory (bench train_step --profile=DIR)?")
+  return max(found, key=os.path.getmtime)
+
+
+def summarise(space, steps: int, top: int = 40) -> List[str]:
+  """Lines: each device plane's kernels (events of its stream lines), summed per kernel name,
+  in ms per step (of `steps` traced), busiest first."""
+  lines = []
+  for plane in space.planes:
+    if not plane.name.startswith("/device:"):
+      continue
+    names = {key: meta.name for key, meta in plane.event_metadata.items()}
+    total, count = collections.Counter(), collections.Counter()
+    first, last = None, None
+    for line in plane.lines:
+      for event in line.events:
+        start = line.timestamp_ns * 1000 + event.offset_ps  # picoseconds
+        first = start if first is None else min(first, start)
+        last = max(last or 0, start + event.duration_ps)
+        name = names.get(event.metadata_id, "?")
+        total[name] += event.duration_ps
+        count[name] += 1
+    if not total:
+      continue
+    busy = sum(total.values())
+    lines.append(f"{plane.name}: {busy / steps / 1e9:.2f} ms of kernels per step over a span of "
+                 f"{(last - first) / steps / 1e9:.2f} ms per step ({steps} steps traced; "
+                 f"{busy / (last - first):.0%} busy)")
+    for name, ps in total.most_common(top):
+      launches = f"x{count[name] / steps:g}"
+      lines.append(f"  {ps / steps / 1e9:8.3f} ms/step {ps / busy:6.1%} {launches:>7s}  {name[:100]}")
+  if not lines:
+    lines.append("no device kernels in this trace (a CPU trace holds host threads only)")
+  return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m prompt_jax.bench_profile", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("directory", help="the --profile=DIR of bench train_step")
+  p.add_argument("--steps", type=int, default=2, help="steps in the trace (bench traces 2)")
+  p.add_argument("--top", type=int, default=40, help="kernels to list per device")
+  args = p.parse_args(argv)
+  try:
+    xplane_pb2 = _xplane_pb2()
+    path = newest_trace(args.directory)
+  except (ImportError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  space = xplane_pb2.XSpace()
+  with open(path, "rb") as f:
+    space.ParseFromString(f.read())
+  print(f"trace: {path}")
+  for line in summarise(space, args.steps, args.top):
+    print(line)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,57 @@
+"""`bench train_step --profile=DIR` and `python -m prompt_jax.bench_profile DIR`: a trace of our
+step and its kernels summed per name (how the H200 profile of T5 1.1 base was read,
+docs/benchmarks.md)."""
+import re
+
+import pytest
+
+from prompt_jax import bench_profile, cli
+
+
+def _space(xplane_pb2):
+  """A device plane with two streams: kernel 'a' 3 + 1 ms, 'b' 2 ms, over a 10 ms span; and a
+  host plane, which is not summed."""
+  space = xplane_pb2.XSpace()
+  host = space.planes.add(name="/host:CPU")
+  host.event_metadata[1].name = "python"
+  host.lines.add(name="python").events.add(metadata_id=1, offset_ps=0, duration_ps=10**12)
+  plane = space.planes.add(name="/device:GPU:0")
+  plane.event_metadata[1].name = "a"
+  plane.event_metadata[2].name = "b"
+  ms = 10**9  # picoseconds
+  one = plane.lines.add(name="Stream #1", timestamp_ns=1000)
+  one.events.add(metadata_id=1, offset_ps=0, duration_ps=3 * ms)
+  one.events.add(metadata_id=2, offset_ps=4 * ms, duration_ps=2 * ms)
+  two = plane.lines.add(name="Stream #2", timestamp_ns=1000 + 9 * 10**6)  # starts 9 ms later
+  two.events.add(metadata_id=1, offset_ps=0, duration_ps=1 * ms)
+  return space
+
+
+def test_kernels_are_summed_per_name_and_step():
+  xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+  lines = bench_profile.summarise(_space(xplane_pb2), steps=2)
+  assert lines[0] == ("/device:GPU:0: 3.00 ms of kernels per step over a span of 5.00 ms per "
+                      "step (2 steps traced; 60% busy)")
+  assert re.fullmatch(r" +2\.000 ms/step +66\.7% +x1 +a", lines[1]), lines[1]
+  assert re.fullmatch(r" +1\.000 ms/step +33\.3% +x0\.5 +b", lines[2]), lines[2]
+  assert len(lines) == 3  # the host plane is not summed
+
+
+def test_bench_writes_a_trace_the_summary_reads(tmp_path, capsys):
+  pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+  trace = tmp_path / "trace"
+  assert cli.main(["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
+                   "--prompt_length=2", "--steps=1", "--reference=none",
+                   f"--profile={trace}"]) == 0
+  assert f"a trace of two of our steps: {trace}" in capsys.readouterr().out
+  assert bench_profile.main([str(trace)]) == 0
+  out = capsys.readouterr().out
+  assert re.search(r"trace: .*\.xplane\.pb", out)
+  assert "no device kernels in this trace" in out  # this CPU: host threads only
+
+
+def test_a_directory_without_a_trace_is_one_line_error(tmp_path, capsys):
+  pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+  assert bench_profile.main([str(tmp_path)]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("error: no *.xplane.pb under") and err.count("\n") == 1
