@@ -14,8 +14,9 @@
 # default part took 237 s (before the bias-form row was added), PART=2 about 200 s, and a start
 # about 30 s of device time; on an H200 (2026-11-27) the default part took 252 s (before the
 # XXL row and the profile were added: XXL alone took 42 s).
-# The base step's profile comes back as $OUT/base_step.xplane.pb: read it here with
-# `python -m prompt_jax.bench_profile DIR` (DIR holding the file; it needs TensorFlow).
+# The base step's profile comes back as $OUT/base_step.xplane.pb and its program as
+# $OUT/step.hlo.txt: read them here with `python -m prompt_jax.bench_profile DIR` (DIR: the
+# folder the tool copied them to; it needs TensorFlow).
 set -uo pipefail
 out=${OUT:-/tmp/device_bench}
 mkdir -p "$out"
@@ -68,7 +69,8 @@ bench 90 attention --preset=t5_1_1_base --batch=32 --inputs=512 --dtype=bfloat16
 bench 150 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \
   --dtype=bfloat16 --reference=peft --steps=5 --profile=/tmp/base_step_trace
 trace=$(find /tmp/base_step_trace -name '*.xplane.pb' 2>/dev/null | head -1)
-[ -n "$trace" ] && cp "$trace" "$out/base_step.xplane.pb"
+[ -n "$trace" ] && cp "$trace" "$out/base_step.xplane.pb" \
+  && cp /tmp/base_step_trace/step.hlo.txt "$out/step.hlo.txt"
 # The same step with cuDNN given the [batch, heads, T, T] bias instead of the padding as lengths
 # (the form before layers.PaddedBias; 0.043 s/step on the first H100 run).
 bench 60 train_step --preset=t5_1_1_base --batch=32 --inputs=512 --targets=8 \

@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from prompt_jax import host_malloc
+from prompt_jax import bench_profile, host_malloc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -169,12 +169,14 @@ def _our_model(args, config):
 
 
 def _our_train_setup(args, batch):
-  """(step(state, batch) -> (state, metrics), {"state": state}): our jitted prompt-tuning step
-  (Adafactor as Lester et al.) on random frozen weights; `batch` gives the shapes to init."""
+  """(step(state, batch) -> (state, metrics), {"state": state, "hlo": hlo(state, batch)}): our
+  jitted prompt-tuning step (Adafactor as Lester et al.) on random frozen weights, and the text
+  of its compiled program; `batch` gives the shapes to init."""
   import jax  # pylint: disable=g-import-not-at-top
   step_fn, state, frozen = _our_step(args, batch)
   rng = jax.random.PRNGKey(1)
-  return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state}
+  hlo = lambda st, b: step_fn.lower(st, frozen, b, rng).compile().as_text()
+  return (lambda st, b: step_fn(st, frozen, b, rng)), {"state": state, "hlo": hlo}
 
 
 def _our_step(args, batch, abstract: bool = False, **config_changes):
@@ -302,6 +304,9 @@ def _ours(args) -> Dict[str, float]:
   if args.profile:  # after the timing, which the tracing would slow
     with jax.profiler.trace(args.profile):
       _time(one, 2)
+    # The compiled program, whose instruction names the trace's kernels carry (bench_profile).
+    with open(os.path.join(args.profile, bench_profile.HLO_FILE), "w") as f:
+      f.write(holder["hlo"](holder["state"], batch))
   return {"seconds_per_step": seconds,
           "flops_per_step": useful,
           "flops_run": run,

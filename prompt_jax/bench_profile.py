@@ -7,16 +7,22 @@ TensorFlow (whose `tsl` protos read the trace; the accelerator images here have 
   python -m prompt_jax.bench_profile DIR [--top=40]
 
 prints, per kernel name, the device milliseconds per step, the share of the device's busy time
-and the launches per step; the span between the first kernel's start and the last one's end
-says how busy the device was. On a CPU the trace holds host threads only: no kernels to sum.
-TensorBoard's profile plugin (xprof) reads the same directory for the full picture.
+and the launches per step, and for a kernel XLA generated, the result type of its instruction in
+the step's compiled program (`step.hlo.txt`, which the bench writes beside the trace); the span
+between the first kernel's start and the last one's end says how busy the device was. On a CPU
+the trace holds host threads only: no kernels to sum. TensorBoard's profile plugin (xprof) reads
+the same directory for the full picture.
 """
 import argparse
 import collections
 import glob
 import os
+import re
 import sys
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
+
+HLO_FILE = "step.hlo.txt"
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) [\w\-]+\(", re.M)
 
 
 def _xplane_pb2():
@@ -39,9 +45,22 @@ def newest_trace(directory: str) -> str:
   return max(found, key=os.path.getmtime)
 
 
-def summarise(space, steps: int, top: int = 40) -> List[str]:
+def result_types(hlo_text: str) -> Dict[str, str]:
+  """Instruction name -> its result type, from a compiled program's text; names also as the
+  trace spells XLA's kernels ('.' as '_': `loop_convert_fusion.23` runs as
+  `loop_convert_fusion_23`)."""
+  types = {}
+  for name, result in _INSTRUCTION.findall(hlo_text):
+    types[name] = types[name.replace(".", "_")] = result
+  return types
+
+
+def summarise(space, steps: int, top: int = 40,
+              types: Optional[Dict[str, str]] = None) -> List[str]:
   """Lines: each device plane's kernels (events of its stream lines), summed per kernel name,
-  in ms per step (of `steps` traced), busiest first."""
+  in ms per step (of `steps` traced), busiest first; with `types` (`result_types`), an XLA
+  kernel's result type after its name."""
+  types = types or {}
   lines = []
   for plane in space.planes:
     if not plane.name.startswith("/device:"):
@@ -65,7 +84,9 @@ def summarise(space, steps: int, top: int = 40) -> List[str]:
                  f"{busy / (last - first):.0%} busy)")
     for name, ps in total.most_common(top):
       launches = f"x{count[name] / steps:g}"
-      lines.append(f"  {ps / steps / 1e9:8.3f} ms/step {ps / busy:6.1%} {launches:>7s}  {name[:100]}")
+      result = f"  -> {types[name][:80]}" if name in types else ""
+      lines.append(f"  {ps / steps / 1e9:8.3f} ms/step {ps / busy:6.1%} {launches:>7s}  "
+                   f"{name[:100]}{result}")
   if not lines:
     lines.append("no device kernels in this trace (a CPU trace holds host threads only)")
   return lines
@@ -87,8 +108,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   space = xplane_pb2.XSpace()
   with open(path, "rb") as f:
     space.ParseFromString(f.read())
-  print(f"trace: {path}")
-  for line in summarise(space, args.steps, args.top):
+  hlo = os.path.join(args.directory, HLO_FILE)
+  types = None
+  if os.path.exists(hlo):
+    with open(hlo) as f:
+      types = result_types(f.read())
+  print(f"trace: {path}{f' (instructions: {hlo})' if types else ''}")
+  for line in summarise(space, args.steps, args.top, types):
     print(line)
   return 0
 

@@ -29,12 +29,26 @@ def _space(xplane_pb2):
 
 def test_kernels_are_summed_per_name_and_step():
   xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
-  lines = bench_profile.summarise(_space(xplane_pb2), steps=2)
+  lines = bench_profile.summarise(_space(xplane_pb2), steps=2, types={"a": "bf16[8,4]{1,0}"})
   assert lines[0] == ("/device:GPU:0: 3.00 ms of kernels per step over a span of 5.00 ms per "
                       "step (2 steps traced; 60% busy)")
-  assert re.fullmatch(r" +2\.000 ms/step +66\.7% +x1 +a", lines[1]), lines[1]
+  assert re.fullmatch(r" +2\.000 ms/step +66\.7% +x1 +a  -> bf16\[8,4\]\{1,0\}",
+                      lines[1]), lines[1]
   assert re.fullmatch(r" +1\.000 ms/step +33\.3% +x0\.5 +b", lines[2]), lines[2]
   assert len(lines) == 3  # the host plane is not summed
+
+
+def test_result_types_name_instructions_as_the_trace_spells_kernels():
+  """XLA names an instruction `name.N` and its kernel `name_N`: both find the result type."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  text = jax.jit(lambda x: jnp.sin(x).astype(jnp.bfloat16)).lower(
+      jnp.ones((3, 5), jnp.float32)).compile().as_text()
+  types = bench_profile.result_types(text)
+  converts = {n: t for n, t in types.items() if "convert" in n}
+  assert converts and all(t.startswith(("bf16[3,5]", "f32[3,5]")) for t in converts.values())
+  dotted = [n for n in types if "." in n]
+  assert dotted and all(types[n.replace(".", "_")] == types[n] for n in dotted)
 
 
 def test_bench_writes_a_trace_the_summary_reads(tmp_path, capsys):
@@ -44,9 +58,10 @@ def test_bench_writes_a_trace_the_summary_reads(tmp_path, capsys):
                    "--prompt_length=2", "--steps=1", "--reference=none",
                    f"--profile={trace}"]) == 0
   assert f"a trace of two of our steps: {trace}" in capsys.readouterr().out
+  assert "fusion" in (trace / bench_profile.HLO_FILE).read_text()  # the step's program
   assert bench_profile.main([str(trace)]) == 0
   out = capsys.readouterr().out
-  assert re.search(r"trace: .*\.xplane\.pb", out)
+  assert re.search(r"trace: .*\.xplane\.pb \(instructions: .*step\.hlo\.txt\)", out)
   assert "no device kernels in this trace" in out  # this CPU: host threads only
 
 
