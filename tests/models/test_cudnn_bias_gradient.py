@@ -120,8 +120,8 @@ def test_the_prompt_tuning_step_asks_for_no_bias_gradient(cudnn_traceable):
 @pytest.mark.parametrize("differentiate_bias", [False, True])
 def test_the_routing_gives_jax_nn_gradients(monkeypatch, differentiate_bias):
   """`_cudnn_attention`'s custom_vjp (the bias perturbed or not), run with jax.nn's 'xla' kernel
-  in cuDNN's place on CPU: its output and gradients equal the kernel's own autodiff, within
-  the float64-derived bound."""
+  in cuDNN's place on CPU: its gradients equal the kernel's own autodiff, within the
+  float64-derived bound."""
   monkeypatch.setattr(layers, "_jax_nn_attention", _xla_in_place_of_cudnn)
   q, k, v, relpos, lengths = _attention_inputs(jnp.float32)
   cotangent = jnp.asarray(np.random.RandomState(1).randn(*q.shape), jnp.float32)
