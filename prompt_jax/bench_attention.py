@@ -14,10 +14,10 @@ bias (less to read): the form the encoder uses with jax.nn's kernels (`layers.Pa
 'auto' on GPU). Reported per kernel: the largest error of the output and of the gradients with
 respect to q, k and v against a float64 einsum computation of the same inputs (the output on
 real query rows only: a fully masked padding row sits under a -1e10 bias that float32 cannot
-resolve, so it gets no cotangent either), that error over the einsum path's own in the same dtype (the reference's
-rounding is the yardstick), and the seconds of the forward and of forward + backward. The bias
-is not differentiated, as in prompt tuning: cuDNN's backward pass then computes no bias gradient
-(`layers._cudnn_attention`).
+resolve, so it gets no cotangent either), that error over the einsum path's own in the same
+dtype (the reference's rounding is the yardstick), and the seconds of the forward and of
+forward + backward. The bias is not differentiated, as in prompt tuning: cuDNN's backward pass
+then computes no bias gradient (`layers._cudnn_attention`).
 
   prompt-jax bench attention --preset=t5_1_1_base --batch=32 --inputs=512 --dtype=bfloat16
 """
