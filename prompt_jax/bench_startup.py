@@ -8,8 +8,13 @@ init), build the optimizer state and the train loop's guarded step
 one step on a synthetic batch of the given shape. Each start is a fresh process, timed by
 `train.startup.StartupTimer` from the moment `prompt_jax` is imported, as `train` logs it.
 
-  first start  an empty persistent compilation cache (prompt_jax/compile_cache.py)
-  restart      the same cache again: what a restarted or resumed run waits
+  first start  an empty persistent compilation cache (prompt_jax/compile_cache.py) and an empty
+               MODEL_DIR: the prompt is initialised; after its timed steps (not timed) it saves
+               a checkpoint of its state to MODEL_DIR as `train` does, and runs one more step
+  restart      the same cache and MODEL_DIR: what a restarted (e.g. preempted) run waits. As
+               `train`, it restores the state from MODEL_DIR and does not initialise the prompt
+               (run_setup.prepare(init_trainable=False)); its first step must give the loss of
+               the first start's step after the checkpoint.
 
 Without `--checkpoint` a checkpoint of random weights of the preset's shapes is written first
 (t5x's orbax layout, float32 as t5x saves; not timed as part of either start) and removed at the
@@ -34,6 +39,7 @@ def add_arguments(p) -> None:
                  help="startup: cache only programs that took this long to compile (default: "
                       "what `train` uses, jax's 1 s)")
   p.add_argument("--compilation_cache", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--startup_model_dir", default=None, help=argparse.SUPPRESS)
   p.add_argument("--startup_phase", choices=["write", "start"], default="start",
                  help=argparse.SUPPRESS)
 
@@ -64,7 +70,7 @@ def start(args, config, batch) -> Dict[str, float]:
   # pylint: disable=g-import-not-at-top
   from prompt_jax import compile_cache, partitioning, run_setup
   from prompt_jax.prompts import initializers, specs
-  from prompt_jax.train import guards, optimizers, startup, state as state_lib
+  from prompt_jax.train import checkpointing, guards, optimizers, startup, state as state_lib
   # pylint: enable=g-import-not-at-top
   timer = startup.StartupTimer()  # from prompt_jax's import, as `train` counts
   import prompt_jax  # pylint: disable=g-import-not-at-top
@@ -88,12 +94,23 @@ def start(args, config, batch) -> Dict[str, float]:
       run_setup.step_model(config, spec), tx, planned.trainable, planned.frozen, mesh,
       {k: (v.shape, v.dtype) for k, v in batch.items()})
   restore_started = time.perf_counter()
+  resuming = bool(checkpointing.steps(args.startup_model_dir))
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=_lengths(args),
                           initial_checkpoint_path=args.checkpoint,
-                          trainable_regex=spec.trainable_regex, mesh=mesh, planned=planned)
-  jax.block_until_ready((run.trainable, run.frozen))
+                          trainable_regex=spec.trainable_regex, mesh=mesh, planned=planned,
+                          init_trainable=not resuming)
+  # As `train` (train/loop.py): the state from MODEL_DIR's newest checkpoint, else a fresh one.
+  mngr = checkpointing.manager(args.startup_model_dir, period=1, keep=None)
+  restored = checkpointing.restore_latest(
+      mngr, args.startup_model_dir,
+      state_lib.abstract_state(run.trainable, run.trainable_shardings, tx, mesh))
+  if restored is None:
+    run = run_setup.initialise_deferred(run)
+    state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
+  else:
+    state = restored.state
+  jax.block_until_ready((state, run.frozen))
   restore_seconds = time.perf_counter() - restore_started
-  state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
   ahead.wait()
   replicated = partitioning.replicated(mesh)
   device_batch = jax.device_put(batch, partitioning.data_sharding(mesh))
@@ -103,16 +120,26 @@ def start(args, config, batch) -> Dict[str, float]:
     state, metrics, first_bad = step(state, run.frozen, device_batch, rng, first_bad)
   jax.block_until_ready(metrics)
   timer.first_step_done()
+  first_loss = float(metrics["loss"])
   step_started = time.perf_counter()
   with partitioning.axis_rules(mesh):
     state, metrics, first_bad = step(state, run.frozen, device_batch, rng, first_bad)
   jax.block_until_ready(metrics)
+  step_seconds = time.perf_counter() - step_started
+  next_loss = None
+  if not resuming:  # the first start leaves a checkpoint for the restart, then one more step
+    checkpointing.save(mngr, int(jax.device_get(state.step)), state, data_position=0,
+                       force=True)
+    with partitioning.axis_rules(mesh):
+      state, metrics, first_bad = step(state, run.frozen, device_batch, rng, first_bad)
+    next_loss = float(metrics["loss"])
+  mngr.close()
   return {"seconds_to_first_step": timer.seconds_to_first_step,
           "imports_seconds": imports_seconds, "backend_seconds": backend_seconds,
           "restore_seconds": restore_seconds, "compile_seconds": timer.compile_seconds,
           "cache_hits": float(timer.cache_hits), "cache_writes": float(timer.cache_writes),
-          "step_seconds": time.perf_counter() - step_started,
-          "loss": float(metrics["loss"])}
+          "step_seconds": step_seconds, "resumed": float(resuming),
+          "first_loss": first_loss, "next_loss": next_loss}
 
 
 def run(args, argv: Sequence[str], say: Callable[[str], None],
@@ -134,16 +161,18 @@ def run(args, argv: Sequence[str], say: Callable[[str], None],
           f"({written['parameters'] / 1e6:.0f}M parameters, written in "
           f"{written['write_seconds']:.1f} s, not counted)")
     extra = [f"--checkpoint={checkpoint}",
-             f"--compilation_cache={os.path.join(scratch, 'compilation_cache')}"]
+             f"--compilation_cache={os.path.join(scratch, 'compilation_cache')}",
+             f"--startup_model_dir={os.path.join(scratch, 'model_dir')}"]
     first = run_side(extra)
-    say(f"  first start (empty compilation cache): {_line(first)}")
+    say(f"  first start (empty compilation cache, prompt initialised): {_line(first)}")
     again = run_side(extra)
-    say(f"  restart (the same cache):              {_line(again)}")
+    say(f"  restart (the same cache, state resumed from MODEL_DIR):   {_line(again)}")
     ratio = again["seconds_to_first_step"] / first["seconds_to_first_step"]
-    same = "equal" if again["loss"] == first["loss"] else "DIFFERENT"
+    same = ("equal" if again["resumed"] and again["first_loss"] == first["next_loss"]
+            else "DIFFERENT")
     say(f"  ratio restart/first start: {ratio:.2f}; a step once started: "
-        f"{first['step_seconds']:.3f} s; the second step's loss, first start vs restart: "
-        f"{same} ({first['loss']!r}, {again['loss']!r})")
+        f"{first['step_seconds']:.3f} s; the loss after the checkpoint, first start vs "
+        f"restart: {same} ({first['next_loss']!r}, {again['first_loss']!r})")
     say("  goals (issue 11, a GPU, T5 1.1 XL): first start <= 60 s, restart <= 15 s")
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
@@ -152,6 +181,7 @@ def run(args, argv: Sequence[str], say: Callable[[str], None],
 def _line(side: Dict[str, float]) -> str:
   return (f"first step {side['seconds_to_first_step']:.1f} s after start (imports "
           f"{side['imports_seconds']:.1f} s, backend start {side['backend_seconds']:.1f} s, "
-          f"restore and prompt init {side['restore_seconds']:.1f} s, compiling or loading XLA programs "
+          f"{'restore and state resume' if side['resumed'] else 'restore and prompt init'} "
+          f"{side['restore_seconds']:.1f} s, compiling or loading XLA programs "
           f"{side['compile_seconds']:.1f} s; cache {side['cache_hits']:.0f} loaded, "
           f"{side['cache_writes']:.0f} written)")

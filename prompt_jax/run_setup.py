@@ -16,7 +16,7 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import gin
@@ -168,6 +168,24 @@ class Run:
   frozen: PyTree
   trainable_shardings: PyTree
   frozen_shardings: PyTree
+  # Trainable parameters `prepare(init_trainable=False)` did not initialise, because a
+  # checkpoint of the run will overwrite them (resume, eval): in `trainable` they are placed
+  # shapes (jax.ShapeDtypeStruct, which no jitted function accepts) until `initialise_deferred`.
+  deferred: Tuple[str, ...] = ()
+  deferred_init: Optional[Callable[[], Dict[str, Array]]] = dataclasses.field(
+      default=None, repr=False)
+
+
+def initialise_deferred(run: Run) -> Run:
+  """`run` with its deferred trainable parameters initialised: the values `prepare` with
+  `init_trainable=True` gives (the same initialisers and key). A run resuming from a checkpoint
+  it could not restore falls back to this."""
+  if run.deferred:
+    flat = trees.flatten(run.trainable)
+    flat.update(run.deferred_init())
+    run.trainable = trees.unflatten(flat)
+    run.deferred, run.deferred_init = (), None
+  return run
 
 
 def backbone_paths(config: T5Config) -> set:
@@ -269,12 +287,17 @@ def _checkpoint_errors(path: str):
 def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
             feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
             trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
-            frozen_dtype: str = AUTO, planned: Optional[Layout] = None) -> Run:
+            frozen_dtype: str = AUTO, planned: Optional[Layout] = None,
+            init_trainable: bool = True) -> Run:
   """Restores the frozen backbone (sharded) and initialises what it lacks (the prompt).
 
   The frozen weights are held in `frozen_dtypes(frozen_dtype, config)`; the prompt's
   initialisers that read the vocabulary's embeddings get them in float32 all the same.
-  `planned`: the run's `layout(...)` of the same arguments, if the caller already made it."""
+  `planned`: the run's `layout(...)` of the same arguments, if the caller already made it.
+  `init_trainable=False`: the trainable parameters the checkpoint lacks are left to a checkpoint
+  of the run (`Run.deferred`): no init is traced for them, the larger part of a restart's set-up
+  after the read (the whole model's init is traced to initialise a prompt). Frozen ones the
+  checkpoint lacks are initialised all the same: no train checkpoint holds them."""
   _check_vocabulary(vocabulary, config)
   planned = planned or layout(config=config, prompt=prompt, feature_lengths=feature_lengths,
                               trainable_regex=trainable_regex, mesh=mesh,
@@ -308,18 +331,26 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   if embedding is None and EMBEDDING in loaded:
     embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
   model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
-  fresh = _init(model, feature_lengths, init_rng, shardings,
-                [p for p in shardings if p not in backbone])
-  params = dict(loaded)
-  params.update(fresh)
+  missing = [p for p in shardings if p not in backbone]
+  deferred = () if init_trainable else tuple(
+      p for p in missing if trees.is_trainable(p, trainable_regex))
 
+  def init(names):
+    return {k: v.astype(planned.dtypes[k]) for k, v in
+            _init(model, feature_lengths, init_rng, shardings, names).items()}
+
+  params = dict(loaded)
+  params.update(init([p for p in missing if p not in deferred]))
   trainable = {k: v for k, v in params.items() if trees.is_trainable(k, trainable_regex)}
   frozen = {k: _as(v, planned.dtypes[k]) for k, v in params.items() if k not in trainable}
-  trainable = {k: v.astype(planned.dtypes[k]) for k, v in trainable.items()}
+  trainable = {k: _as(v, planned.dtypes[k]) for k, v in trainable.items()}
+  placed = trees.flatten(planned.trainable)
+  trainable.update({p: placed[p] for p in deferred})
   return Run(mesh=mesh, config=config, model=model,
              trainable=trees.unflatten(trainable), frozen=trees.unflatten(frozen),
              trainable_shardings=trees.unflatten({k: shardings[k] for k in trainable}),
-             frozen_shardings=trees.unflatten({k: shardings[k] for k in frozen}))
+             frozen_shardings=trees.unflatten({k: shardings[k] for k in frozen}),
+             deferred=deferred, deferred_init=(lambda: init(list(deferred))) if deferred else None)
 
 
 def _as(x: Array, dtype) -> Array:

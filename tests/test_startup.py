@@ -109,6 +109,35 @@ def test_prompt_init_values_are_those_of_the_model_init(tmp_path):
       "encoder/prompt/prompt/prompt"]), np.asarray(whole["encoder/prompt/prompt/prompt"]))
 
 
+def test_prepare_for_a_resume_defers_the_prompt_init(tmp_path):
+  """`init_trainable=False` (a run that resumes, eval of a checkpoint): the prompt's init is
+  neither traced nor compiled; the prompt is a placed shape until `initialise_deferred`, which
+  gives exactly the values of an undeferred `prepare`."""
+  config, spec = common.embedded_tiny_config(), _spec()
+  mesh = partitioning.create_mesh(1)
+  kwargs = dict(config=config, prompt=spec, feature_lengths=LENGTHS,
+                initial_checkpoint_path=embedded_checkpoint_path(),
+                trainable_regex=spec.trainable_regex, mesh=mesh, random_seed=5)
+  direct = run_setup.prepare(**kwargs)
+  deferred, programs = _compiled(tmp_path, lambda: run_setup.prepare(init_trainable=False,
+                                                                     **kwargs))
+  assert not any(_draws(text) for text in programs.values()), sorted(programs)
+  name = "encoder/prompt/prompt/prompt"
+  assert deferred.deferred == (name,)
+  placed = trees.flatten(deferred.trainable)[name]
+  want = trees.flatten(direct.trainable)[name]
+  assert isinstance(placed, jax.ShapeDtypeStruct)
+  assert (placed.shape, placed.dtype, placed.sharding) == (want.shape, want.dtype, want.sharding)
+  for a, b in zip(jax.tree_util.tree_leaves(direct.frozen),
+                  jax.tree_util.tree_leaves(deferred.frozen)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  run_setup.initialise_deferred(deferred)
+  assert deferred.deferred == ()
+  got = trees.flatten(deferred.trainable)[name]
+  assert got.sharding == want.sharding and got.dtype == want.dtype
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_random_backbone_is_filled_per_array_with_the_model_initialisers(tmp_path):
   config, spec = common.embedded_tiny_config(), _spec()
   run, programs = _compiled(tmp_path, lambda: run_setup.prepare(

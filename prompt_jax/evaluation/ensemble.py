@@ -244,13 +244,14 @@ def serve(members: List[Member], model: run_setup.ModelSpec, dataset_cfg, initia
       m.spec.check_fits(dataset_cfg.task_feature_lengths["inputs"])
   mesh = partitioning.create_mesh(num_partitions)
   run_setup.check_batch(dataset_cfg.batch_size, mesh)
-  # The frozen backbone (one copy); the 1-position prompt prepare() initialises is unused.
+  # The frozen backbone (one copy); the 1-position placeholder prompt is never initialised.
   placeholder = specs.PromptTuningSpec(length=1)
   run = run_setup.prepare(config=model.config, prompt=placeholder,
                           feature_lengths=dataset_cfg.task_feature_lengths,
                           initial_checkpoint_path=initial_checkpoint_path,
                           trainable_regex=placeholder.trainable_regex, mesh=mesh,
-                          vocabulary=vocabulary, frozen_dtype=model.frozen_dtype)
+                          vocabulary=vocabulary, frozen_dtype=model.frozen_dtype,
+                          init_trainable=False)
   modules = {}
   embedding = np.asarray(jax.device_get(run.frozen["token_embedder"]["embedding"]), np.float32)
   for m in members:

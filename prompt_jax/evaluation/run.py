@@ -71,7 +71,8 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
       config=model.config, prompt=prompt, feature_lengths=dataset_cfg.task_feature_lengths,
       initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
       mesh=mesh, vocabulary=task.output_features["targets"].vocabulary,
-      frozen_dtype=model.frozen_dtype)
+      frozen_dtype=model.frozen_dtype,
+      init_trainable=not checkpoint_path)  # the checkpoint's values replace any init
   if checkpoint_path:
     saved = checkpoint_params(checkpoint_path)
     current = trees.flatten(run.trainable)
@@ -82,6 +83,7 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
                           f"{tuple(value.shape)}")
       current[name] = jax.device_put(np.asarray(saved[name]), shardings[name])
     run.trainable = trees.unflatten(current)
+    run.deferred, run.deferred_init = (), None
   return run
 
 

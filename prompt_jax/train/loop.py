@@ -186,16 +186,24 @@ def train(*, model_dir: str = gin.REQUIRED,
         feature_lengths=train_dataset_cfg.task_feature_lengths,
         initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
         mesh=mesh, vocabulary=vocabulary, random_seed=random_seed,
-        frozen_dtype=model.frozen_dtype, planned=planned)
+        frozen_dtype=model.frozen_dtype, planned=planned,
+        init_trainable=not found)  # a checkpoint to resume holds the prompt: no init traced
   finally:
     if ahead is not None:  # compiled while the checkpoint was read: the first step finds it
       ahead.wait()  # (and after an error no compile is left running behind it)
-  state, state_shardings = state_lib.initial_state(run.trainable, run.trainable_shardings, tx,
-                                                   mesh)
 
   backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   mngr = checkpointing.manager(model_dir, period=checkpoint_period, keep=keep_checkpoints)
-  state, position = _resume(mngr, model_dir, state, state_shardings, stream, backbone)
+  resumed = _resume(mngr, model_dir,
+                    state_lib.abstract_state(run.trainable, run.trainable_shardings, tx, mesh),
+                    stream, backbone)
+  if resumed is None:  # nothing intact to resume: the prompt's init after all
+    run = run_setup.initialise_deferred(run)
+    state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
+    position = 0
+  else:
+    state, position = resumed
+    run.trainable = state.params
   write_config(model_dir)
 
   first_bad = guards.initial_flag(replicated)
@@ -318,15 +326,15 @@ def _mesh(num_partitions: int):
     raise ConfigError(f"NUM_PARTITIONS={num_partitions}: {e}") from e
 
 
-def _resume(mngr, model_dir: str, state: state_lib.TrainState, state_shardings,
-            stream: data_lib.TrainStream, backbone) -> Tuple[state_lib.TrainState, int]:
-  """(state, data position) of the newest intact checkpoint, or the fresh `state` and 0.
+def _resume(mngr, model_dir: str, abstract: state_lib.TrainState,
+            stream: data_lib.TrainStream,
+            backbone) -> Optional[Tuple[state_lib.TrainState, int]]:
+  """(state, data position) of the newest intact checkpoint, restored into `abstract` (placed
+  shapes), or None when there is none.
   Positions `stream`; moves broken newer checkpoints aside; re-exports a missing .npy."""
-  abstract = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, state_shardings)
   restored = checkpointing.restore_latest(mngr, model_dir, abstract, stream)
   if restored is None:
-    return state, 0
+    return None
   checkpointing.quarantine(mngr, model_dir, restored.broken)
   if not restored.data_restored and restored.position:
     summaries.log("replaying %d batches of training data (checkpoint %d has no data "

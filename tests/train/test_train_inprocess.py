@@ -73,18 +73,27 @@ def test_frozen_bit_identical_prompt_changed_opt_state_prompt_only(trained):
     assert os.path.exists(os.path.join(model_dir, sub)), sub
 
 
-def test_kill_and_restart_resumes_bitwise(tmp_path):
+def test_kill_and_restart_resumes_bitwise(tmp_path, monkeypatch):
+  from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+  initialised = []  # the parameters each `prepare` initialised (run_setup._init's names)
+  real_init = run_setup._init  # pylint: disable=protected-access
+  monkeypatch.setattr(run_setup, "_init", lambda model, lengths, rng, shardings, names: (
+      initialised.extend(names), real_init(model, lengths, rng, shardings, names))[1])
   full = str(tmp_path / "full")
   assert run_cli(["train"] + common.flags(full, 5))[0] == 0
+  assert initialised == ["encoder/prompt/prompt/prompt"]
   resumed = str(tmp_path / "resumed")
   # First launch "dies" right after checkpointing step 2; the same command then resumes.
   assert run_cli(["train"] + common.flags(resumed, 5,
                                           "--gin.prompt_jax.train.stop_after_step=2"))[0] == 0
   assert sorted(os.listdir(os.path.join(resumed, "checkpoints"))) == ["1", "2"]
+  initialised.clear()
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     assert run_cli(["train"] + common.flags(resumed, 5))[0] == 0
   assert "restored step 2" in out.getvalue()
+  # The resume takes the prompt from the checkpoint: its init is not even traced.
+  assert initialised == []
   assert common.prompt_at(full, 5).tobytes() == common.prompt_at(resumed, 5).tobytes()
 
 
