@@ -29,13 +29,48 @@ def _space(xplane_pb2):
 
 def test_kernels_are_summed_per_name_and_step():
   xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
-  lines = bench_profile.summarise(_space(xplane_pb2), steps=2, types={"a": "bf16[8,4]{1,0}"})
+  lines = bench_profile.summarise(_space(xplane_pb2), steps=2,
+                                  types={"a": ("bf16[8,4]{1,0}", "")})
   assert lines[0] == ("/device:GPU:0: 3.00 ms of kernels per step over a span of 5.00 ms per "
                       "step (2 steps traced; 60% busy)")
-  assert re.fullmatch(r" +2\.000 ms/step +66\.7% +x1 +a  -> bf16\[8,4\]\{1,0\}",
+  assert re.fullmatch(r" +2\.000 ms/step +66\.7% +x1 +a  -> bf16\[8,4\]\{1,0\}  \[\]",
                       lines[1]), lines[1]
   assert re.fullmatch(r" +1\.000 ms/step +33\.3% +x0\.5 +b", lines[2]), lines[2]
-  assert len(lines) == 3  # the host plane is not summed
+  assert len(lines) == 3  # the host plane is not summed; nothing named: no table by where
+
+
+def test_kernels_are_summed_by_where_in_the_model():
+  """Two kernels from the same module and pass (different layers) add up; a kernel the program
+  does not name (cuBLAS's 'b' here) stays out of the table."""
+  xplane_pb2 = pytest.importorskip("tensorflow.tsl.profiler.protobuf.xplane_pb2")
+  space = _space(xplane_pb2)
+  plane = space.planes[1]
+  plane.event_metadata[3].name = "loop_add_fusion_2"
+  plane.lines[0].events.add(metadata_id=3, offset_ps=7 * 10**9, duration_ps=2 * 10**9)
+  hlo = "\n".join([
+      '  %a = bf16[8,4]{1,0} fusion(%p), kind=kLoop, calls=%c, metadata={op_name='
+      '"jit(step)/transpose(jvp(T5))/T5.encode/encoder/layers_0/pre_mlp_layer_norm/mul" '
+      'stack_frame_id=3}',
+      '  ROOT %loop_add_fusion.2 = bf16[8,4]{1,0} fusion(%q), kind=kLoop, calls=%d, '
+      'metadata={op_name="jit(step)/transpose(jvp(T5))/T5.encode/encoder/layers_11/'
+      'pre_mlp_layer_norm/add_any"}'])
+  types = bench_profile.instructions(hlo)
+  assert types["loop_add_fusion_2"] == types["loop_add_fusion.2"]
+  lines = bench_profile.summarise(space, steps=2, types=types)
+  table = lines[lines.index(next(l for l in lines if "by where" in l)):]
+  assert "3.00 ms/step of kernels the program names" in table[0], table
+  assert re.fullmatch(r" +3\.000 ms/step +75\.0%  encoder/layers_\*/pre_mlp_layer_norm "
+                      r"\(backward\)", table[1]), table
+  assert len(table) == 2
+
+
+def test_where_reads_flax_module_paths_and_the_pass():
+  where = bench_profile.where
+  assert where("jit(step)/jvp(T5)/T5.decode/decoder/layers_0/self_attention/"
+               "bqhd,bkhd->bhqk/dot_general") == "decoder/layers_*/self_attention (forward)"
+  assert where("jit(step)/transpose(jvp(T5))/T5.encode/encoder/encoder.self_attention_bias/"
+               "relpos_bias/jit(_take)/gather") == "encoder/relpos_bias (backward)"
+  assert where("jit(step)/jvp()/reduce_sum") == "(step) (forward)"
 
 
 def test_result_types_name_instructions_as_the_trace_spells_kernels():
@@ -58,7 +93,14 @@ def test_bench_writes_a_trace_the_summary_reads(tmp_path, capsys):
                    "--prompt_length=2", "--steps=1", "--reference=none",
                    f"--profile={trace}"]) == 0
   assert f"a trace of two of our steps: {trace}" in capsys.readouterr().out
-  assert "fusion" in (trace / bench_profile.HLO_FILE).read_text()  # the step's program
+  hlo = (trace / bench_profile.HLO_FILE).read_text()
+  assert "fusion" in hlo  # the step's program
+  # jax's op_name metadata as this jax writes it: the step's instructions are placed by module
+  # and pass (the prompt's gradient flows back through every encoder layer's MLP).
+  places = {w for _, w in bench_profile.instructions(hlo).values()}
+  for place in ("encoder/layers_*/pre_mlp_layer_norm (forward)",
+                "encoder/layers_*/mlp (backward)", "decoder/layers_*/self_attention (forward)"):
+    assert place in places, sorted(places)
   assert bench_profile.main([str(trace)]) == 0
   out = capsys.readouterr().out
   assert re.search(r"trace: .*\.xplane\.pb \(instructions: .*step\.hlo\.txt\)", out)
