@@ -32,6 +32,7 @@ from prompt_jax import trees
 from prompt_jax import vocab as vocab_lib
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5, T5Config, float32_params, get_config
+from prompt_jax.models import layers
 from prompt_jax.models import random_init
 from prompt_jax.prompts import specs
 
@@ -148,8 +149,9 @@ def model_inputs(batch_size: int, feature_lengths: Mapping[str, int]) -> Tuple[A
 def abstract_variables(model: nn.Module, feature_lengths: Mapping[str, int]) -> PyTree:
   """Boxed abstract `params` of `model` (shapes and logical axes, nothing allocated)."""
   inputs = model_inputs(1, feature_lengths)
-  return jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), *inputs, enable_dropout=False))["params"]
+  with layers.accelerator_products():  # the same parameters, a cheaper trace (bfloat16 on CPU)
+    return jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *inputs, enable_dropout=False))["params"]
 
 
 def param_shardings(boxed_params: PyTree, mesh: Mesh) -> PyTree:
@@ -377,7 +379,9 @@ def _init(model, feature_lengths, rng, shardings, names) -> dict:
     return {k: params[k] for k in names}
 
   mesh = shardings[next(iter(shardings))].mesh
-  with partitioning.axis_rules(mesh):
+  # The plain products: the same parameters, a cheaper trace (bfloat16 on CPU; the forward
+  # pass is dropped from the compiled slice either way).
+  with partitioning.axis_rules(mesh), layers.accelerator_products():
     closed = jax.make_jaxpr(init, return_shape=False)(rng)
     out_tree = jax.tree_util.tree_structure({k: 0 for k in names})
     consts = list(closed.consts)

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from prompt_jax import partitioning, run_setup, trees
+from prompt_jax import checkpoints, partitioning, run_setup, trees
 from prompt_jax.embedded import embedded_checkpoint_path
 from prompt_jax.prompts import initializers, specs
 from tests.train import common
@@ -91,15 +91,19 @@ def test_prepare_from_a_checkpoint_compiles_no_whole_model_init(tmp_path):
   assert all(np.any(np.all(table[:200] == row, axis=1)) for row in prompt)
 
 
-def test_prompt_init_values_are_those_of_the_model_init(tmp_path):
-  """Initialising the prompt on its own gives exactly what the whole model's init gives it."""
-  config, spec = common.embedded_tiny_config(), _spec()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prompt_init_values_are_those_of_the_model_init(tmp_path, dtype):
+  """Initialising the prompt on its own gives exactly what the whole model's init gives it (in
+  bfloat16 on CPU the prompt's init is traced with the plain products, the whole model's init
+  here with the float32-summed ones: models/layers.py)."""
+  config, spec = common.embedded_tiny_config(dtype=dtype), _spec()
   run = run_setup.prepare(config=config, prompt=spec, feature_lengths=LENGTHS,
                           initial_checkpoint_path=embedded_checkpoint_path(),
                           trainable_regex=spec.trainable_regex, mesh=partitioning.create_mesh(1),
                           random_seed=3)
   loaded = trees.unflatten({k: v for k, v in trees.flatten(run.frozen).items()})
-  table = np.asarray(trees.flatten(run.frozen)["token_embedder/embedding"])
+  # The table the prompt is drawn from is the checkpoint's float32 one, not its bfloat16 rounding.
+  table = checkpoints.load_array(embedded_checkpoint_path(), "token_embedder/embedding")
   model = run_setup.build_model(config, spec, table, None, params=loaded)
   rng = jax.random.fold_in(jax.random.PRNGKey(3), 0)
   with partitioning.axis_rules(partitioning.create_mesh(1)):

@@ -56,7 +56,8 @@ def sums_bfloat16_in_float32(dtype: DType) -> bool:
   XLA CPU cannot run one of the products the path uses (`cpu_runs_float32_summed_products`),
   and where the user asks for the plain products (CPU_PRODUCTS_ENV=plain)."""
   return (jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and jax.default_backend() == "cpu"
-          and not _accelerator_products[0] and cpu_products() == "float32_sums"
+          and not getattr(_accelerator_products, "on", False)
+          and cpu_products() == "float32_sums"
           and cpu_runs_float32_summed_products())
 
 
@@ -78,19 +79,24 @@ def cpu_products() -> str:
   return value
 
 
-_accelerator_products = [False]  # set inside `accelerator_products()`
+# Set inside `accelerator_products()`, per thread: `train` traces the prompt's init on the main
+# thread while its step is compiled on another (train/state.py CompileAhead).
+_accelerator_products = threading.local()
 
 
 @contextlib.contextmanager
 def accelerator_products():
-  """Steps traced inside use the plain products on every backend, as accelerators run them:
-  `prompt-jax plan` compiles on CPU devices the program a GPU or TPU would run."""
-  before = _accelerator_products[0]
-  _accelerator_products[0] = True
+  """Models traced inside (on this thread) use the plain products on every backend, as
+  accelerators run them: `prompt-jax plan` compiles on CPU devices the program a GPU or TPU
+  would run, and a trace that only needs the parameters (run_setup: their shapes, the prompt's
+  init) skips the float32-summed products' custom_vjp, whose tracing is most of a bfloat16
+  model's on CPU."""
+  before = getattr(_accelerator_products, "on", False)
+  _accelerator_products.on = True
   try:
     yield
   finally:
-    _accelerator_products[0] = before
+    _accelerator_products.on = before
 
 
 def _probe_products() -> Tuple[Tuple[str, Tuple[int, ...], Tuple[int, ...]], ...]:

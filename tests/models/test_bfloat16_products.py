@@ -143,6 +143,44 @@ def test_plan_compiles_the_products_an_accelerator_runs(monkeypatch):
     jax.eval_shape(dense.apply, params, x)  # outside: the CPU path
 
 
+def test_traces_for_the_parameters_skip_the_cpu_path_on_their_thread_only(monkeypatch):
+  """run_setup's abstract init (the run's layout) and the prompt's init trace the model with the
+  plain products (the same parameters: tests/test_startup.py compares the values; the
+  float32-summed products' custom_vjp is most of a bfloat16 trace on CPU). The switch is per
+  thread: `train` compiles its step on another thread meanwhile, which must keep the CPU path."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from prompt_jax import partitioning, run_setup  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import embedded_checkpoint_path  # pylint: disable=g-import-not-at-top
+  from prompt_jax.prompts import initializers, specs  # pylint: disable=g-import-not-at-top
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+
+  real = layers.float32_summed_einsum
+  traced = []
+  monkeypatch.setattr(layers, "float32_summed_einsum",
+                      lambda *a: (traced.append(a[0]), real(*a))[1])
+  config = common.embedded_tiny_config(dtype=jnp.bfloat16)
+  spec = specs.prompt_tuning(length=4, init=initializers.from_sampled_vocab(population_size=50))
+  lengths = {"inputs": 16, "targets": 4}
+  model = run_setup.build_model(config, spec)
+  run_setup.abstract_variables(model, lengths)
+  run = run_setup.prepare(config=config, prompt=spec, feature_lengths=lengths,
+                          initial_checkpoint_path=embedded_checkpoint_path(),
+                          trainable_regex=spec.trainable_regex,
+                          mesh=partitioning.create_mesh(1))
+  assert run.trainable and not traced
+  jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                    *run_setup.model_inputs(1, lengths)))
+  assert traced  # outside them: the CPU path
+  seen = []
+  with layers.accelerator_products():
+    worker = threading.Thread(target=lambda: seen.append(
+        layers.sums_bfloat16_in_float32(jnp.bfloat16)))
+    worker.start()
+    worker.join()
+    assert not layers.sums_bfloat16_in_float32(jnp.bfloat16)
+  assert seen == [True]
+
+
 def test_plain_products_when_the_user_asks(monkeypatch):
   """PROMPT_JAX_CPU_BFLOAT16_PRODUCTS=plain: the layers keep the plain bfloat16 products (what
   `prompt-jax` tells a user whose program XLA CPU refuses to run); another value is an error."""
