@@ -341,6 +341,8 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
     return {k: v.astype(planned.dtypes[k]) for k, v in
             _init(model, feature_lengths, init_rng, shardings, names).items()}
 
+  if deferred:  # their initialisers' checks still hold (a PROMPT_FILE of another shape, ...)
+    _check_initialisers(model, feature_lengths, init_rng, mesh, deferred)
   params = dict(loaded)
   params.update(init([p for p in missing if p not in deferred]))
   trainable = {k: v for k, v in params.items() if trees.is_trainable(k, trainable_regex)}
@@ -357,6 +359,37 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
 
 def _as(x: Array, dtype) -> Array:
   return x if x.dtype == dtype else x.astype(dtype)
+
+
+class _Initialised(Exception):
+  """Every parameter `_check_initialisers` waits for is initialised: stop tracing."""
+
+
+def _check_initialisers(model, feature_lengths, rng, mesh, names) -> None:
+  """Raises what initialising the parameters `names` would raise (a ConfigError of the prompt's
+  initialiser: class labels that do not fit, a PROMPT_FILE of another shape), without the
+  whole model's trace: the abstract init stops once every one of them has been initialised
+  (for a prompt at the encoder's input, right after the embedding lookup)."""
+  waiting = set(names)
+
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    module = context.module
+    if module.scope is not None:
+      prefix = "/".join(module.path)
+      for name in trees.flatten(trees.unbox(module.variables.get("params", {}))):
+        waiting.discard(f"{prefix}/{name}" if prefix else name)
+      if not waiting:
+        raise _Initialised()
+    return out
+
+  inputs = model_inputs(1, feature_lengths)
+  try:
+    with partitioning.axis_rules(mesh), layers.accelerator_products(), \
+        nn.intercept_methods(interceptor):
+      jax.eval_shape(lambda: model.init(rng, *inputs, enable_dropout=False))
+  except _Initialised:
+    pass
 
 
 def _init(model, feature_lengths, rng, shardings, names) -> dict:

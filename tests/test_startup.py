@@ -16,6 +16,7 @@ import pytest
 
 from prompt_jax import checkpoints, partitioning, run_setup, trees
 from prompt_jax.embedded import embedded_checkpoint_path
+from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import initializers, specs
 from tests.train import common
 from tests.train.common import cli_subprocess
@@ -135,6 +136,14 @@ def test_prepare_for_a_resume_defers_the_prompt_init(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(direct.frozen),
                   jax.tree_util.tree_leaves(deferred.frozen)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The deferred init's checks still hold: a prompt file of another shape is the same error.
+  bad = tmp_path / "bad.npy"
+  np.save(bad, np.zeros((3, config.emb_dim), np.float32))
+  wrong = dict(kwargs, prompt=specs.prompt_tuning(length=8, init=initializers.from_file(str(bad))))
+  for init_trainable in (True, False):
+    with pytest.raises(ConfigError, match=r"PROMPT_FILE .* has shape \(3, 64\), the parameter "
+                                          r"needs \(8, 64\)"):
+      run_setup.prepare(init_trainable=init_trainable, **wrong)
   run_setup.initialise_deferred(deferred)
   assert deferred.deferred == ()
   got = trees.flatten(deferred.trainable)[name]
