@@ -297,9 +297,10 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   initialisers that read the vocabulary's embeddings get them in float32 all the same.
   `planned`: the run's `layout(...)` of the same arguments, if the caller already made it.
   `init_trainable=False`: the trainable parameters the checkpoint lacks are left to a checkpoint
-  of the run (`Run.deferred`): no init is traced for them, the larger part of a restart's set-up
-  after the read (the whole model's init is traced to initialise a prompt). Frozen ones the
-  checkpoint lacks are initialised all the same: no train checkpoint holds them."""
+  of the run (`Run.deferred`): nothing is compiled for them, and the whole model's init (traced
+  to initialise a prompt, the larger part of a restart's set-up after the read) is traced only
+  until their initialisers have run, for the errors those raise. Frozen ones the checkpoint
+  lacks are initialised all the same: no train checkpoint holds them."""
   _check_vocabulary(vocabulary, config)
   planned = planned or layout(config=config, prompt=prompt, feature_lengths=feature_lengths,
                               trainable_regex=trainable_regex, mesh=mesh,
@@ -341,10 +342,13 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
     return {k: v.astype(planned.dtypes[k]) for k, v in
             _init(model, feature_lengths, init_rng, shardings, names).items()}
 
-  if deferred:  # their initialisers' checks still hold (a PROMPT_FILE of another shape, ...)
+  rest = [p for p in missing if p not in deferred]
+  # The deferred initialisers' checks still hold (a PROMPT_FILE of another shape, ...); an init
+  # of `rest` traces every initialiser anyway.
+  if deferred and not rest:
     _check_initialisers(model, feature_lengths, init_rng, mesh, deferred)
   params = dict(loaded)
-  params.update(init([p for p in missing if p not in deferred]))
+  params.update(init(rest))
   trainable = {k: v for k, v in params.items() if trees.is_trainable(k, trainable_regex)}
   frozen = {k: _as(v, planned.dtypes[k]) for k, v in params.items() if k not in trainable}
   trainable = {k: _as(v, planned.dtypes[k]) for k, v in trainable.items()}

@@ -115,9 +115,9 @@ def test_prompt_init_values_are_those_of_the_model_init(tmp_path, dtype):
 
 
 def test_prepare_for_a_resume_defers_the_prompt_init(tmp_path):
-  """`init_trainable=False` (a run that resumes, eval of a checkpoint): the prompt's init is
-  neither traced nor compiled; the prompt is a placed shape until `initialise_deferred`, which
-  gives exactly the values of an undeferred `prepare`."""
+  """`init_trainable=False` (a run that resumes, eval of a checkpoint): the prompt's init is not
+  compiled (its initialiser's errors still come); the prompt is a placed shape until
+  `initialise_deferred`, which gives exactly the values of an undeferred `prepare`."""
   config, spec = common.embedded_tiny_config(), _spec()
   mesh = partitioning.create_mesh(1)
   kwargs = dict(config=config, prompt=spec, feature_lengths=LENGTHS,

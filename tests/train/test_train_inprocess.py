@@ -92,7 +92,7 @@ def test_kill_and_restart_resumes_bitwise(tmp_path, monkeypatch):
   with contextlib.redirect_stdout(out):
     assert run_cli(["train"] + common.flags(resumed, 5))[0] == 0
   assert "restored step 2" in out.getvalue()
-  # The resume takes the prompt from the checkpoint: its init is not even traced.
+  # The resume takes the prompt from the checkpoint: its init is not compiled.
   assert initialised == []
   assert common.prompt_at(full, 5).tobytes() == common.prompt_at(resumed, 5).tobytes()
 
