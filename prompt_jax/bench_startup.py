@@ -101,14 +101,7 @@ def start(args, config, batch) -> Dict[str, float]:
                           init_trainable=not resuming)
   # As `train` (train/loop.py): the state from MODEL_DIR's newest checkpoint, else a fresh one.
   mngr = checkpointing.manager(args.startup_model_dir, period=1, keep=None)
-  restored = checkpointing.restore_latest(
-      mngr, args.startup_model_dir,
-      state_lib.abstract_state(run.trainable, run.trainable_shardings, tx, mesh))
-  if restored is None:
-    run = run_setup.initialise_deferred(run)
-    state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
-  else:
-    state = restored.state
+  run, state, _ = checkpointing.resume_or_initialise(mngr, args.startup_model_dir, run, tx, mesh)
   jax.block_until_ready((state, run.frozen))
   restore_seconds = time.perf_counter() - restore_started
   ahead.wait()

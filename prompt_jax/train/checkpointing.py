@@ -26,8 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
+from jax.sharding import Mesh
+import optax
 import orbax.checkpoint as ocp
 
+from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.train import state as state_lib
@@ -406,6 +409,26 @@ def restore_latest(mngr: ocp.CheckpointManager, model_dir: str,
   _, restored, broken = found
   restored.broken = broken
   return restored
+
+
+def resume_or_initialise(mngr: ocp.CheckpointManager, model_dir: str, run: run_setup.Run,
+                         tx: optax.GradientTransformation, mesh: Mesh, stream=None
+                         ) -> Tuple[run_setup.Run, state_lib.TrainState, Optional[Restored]]:
+  """(run, state, restored): the train state of MODEL_DIR's newest intact checkpoint, restored
+  into the placed shapes of `run`'s trainable parameters (`run.trainable` becomes its params),
+  or, with nothing to restore (restored None), the state of a fresh start: the deferred prompt
+  init (`run_setup.initialise_deferred`) and a fresh optimizer state. `train` and
+  `bench startup` start this way."""
+  restored = restore_latest(
+      mngr, model_dir,
+      state_lib.abstract_state(run.trainable, run.trainable_shardings, tx, mesh), stream)
+  if restored is None:
+    run = run_setup.initialise_deferred(run)
+    state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
+  else:
+    state = restored.state
+    run.trainable = state.params
+  return run, state, restored
 
 
 def quarantine(mngr: ocp.CheckpointManager, model_dir: str,

@@ -3,7 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import gin
 import jax
@@ -194,16 +194,10 @@ def train(*, model_dir: str = gin.REQUIRED,
 
   backbone = run_setup.backbone_paths(model.config)  # not exported as .npy (full fine-tuning)
   mngr = checkpointing.manager(model_dir, period=checkpoint_period, keep=keep_checkpoints)
-  resumed = _resume(mngr, model_dir,
-                    state_lib.abstract_state(run.trainable, run.trainable_shardings, tx, mesh),
-                    stream, backbone)
-  if resumed is None:  # nothing intact to resume: the prompt's init after all
-    run = run_setup.initialise_deferred(run)
-    state, _ = state_lib.initial_state(run.trainable, run.trainable_shardings, tx, mesh)
-    position = 0
-  else:
-    state, position = resumed
-    run.trainable = state.params
+  # The newest intact checkpoint; with none, the prompt's init after all.
+  run, state, restored = checkpointing.resume_or_initialise(mngr, model_dir, run, tx, mesh,
+                                                            stream)
+  position = _resumed(mngr, model_dir, restored, stream, backbone) if restored is not None else 0
   write_config(model_dir)
 
   first_bad = guards.initial_flag(replicated)
@@ -326,15 +320,10 @@ def _mesh(num_partitions: int):
     raise ConfigError(f"NUM_PARTITIONS={num_partitions}: {e}") from e
 
 
-def _resume(mngr, model_dir: str, abstract: state_lib.TrainState,
-            stream: data_lib.TrainStream,
-            backbone) -> Optional[Tuple[state_lib.TrainState, int]]:
-  """(state, data position) of the newest intact checkpoint, restored into `abstract` (placed
-  shapes), or None when there is none.
-  Positions `stream`; moves broken newer checkpoints aside; re-exports a missing .npy."""
-  restored = checkpointing.restore_latest(mngr, model_dir, abstract, stream)
-  if restored is None:
-    return None
+def _resumed(mngr, model_dir: str, restored: checkpointing.Restored,
+             stream: data_lib.TrainStream, backbone) -> int:
+  """The data position of the `restored` checkpoint, after positioning `stream`, moving broken
+  newer checkpoints aside and re-exporting a missing .npy."""
   checkpointing.quarantine(mngr, model_dir, restored.broken)
   if not restored.data_restored and restored.position:
     summaries.log("replaying %d batches of training data (checkpoint %d has no data "
@@ -344,7 +333,7 @@ def _resume(mngr, model_dir: str, abstract: state_lib.TrainState,
                 checkpointing.checkpoints_dir(model_dir))
   if not checkpointing.exported(model_dir, restored.step):  # killed between save and export
     checkpointing.export_numpy(model_dir, restored.step, restored.state.params, exclude=backbone)
-  return restored.state, restored.position
+  return restored.position
 
 
 def _last_good(model_dir: str) -> Optional[str]:
