@@ -11,6 +11,8 @@ PromptTuningConfig); both with transformers' Adafactor at Lester et al.'s settin
 runs in its own subprocess, one after the other (so neither competes for cores and each peak RSS
 is its own), on identical shapes and random weights. Reported: seconds per step (median of the
 timed steps, after warm-up/compilation), peak resident memory, and the ratios ours / reference.
+While a side runs, its progress (steps done, rate, ETA; `side_meter`) is shown on stderr, at
+most every 10 s; it is not part of what `--record` appends.
 
   prompt-jax bench train_step --preset=t5_1_1_small --batch=8 --inputs=512 --targets=8 \
       [--reference=peft]
@@ -39,12 +41,13 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from prompt_jax import bench_profile, host_malloc
+from prompt_jax import bench_profile, console, host_malloc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -138,12 +141,26 @@ def _batch(args, vocab_size: int) -> Dict[str, np.ndarray]:
           "decoder_target_tokens": tgt, "decoder_loss_weights": (tgt > 0).astype(np.int32)}
 
 
-def _time(step, n: int) -> List[float]:
+RESULT = "BENCH_RESULT "  # a side's stdout line: its figures, as JSON
+PROGRESS = "BENCH_PROGRESS "  # a side's stdout line: a progress line for the bench's stderr
+
+
+def side_meter(label: str, total: int, unit: str = "steps",
+               period_s: float = 10.0) -> console.Meter:
+  """In a side's process: progress of `total` units of long work, at most every `period_s`
+  seconds, to the bench's own process, which shows it while the side runs (`_run_side`)."""
+  return console.Meter(label, total, unit, period_s,
+                       emit=lambda text: print(PROGRESS + text, flush=True))
+
+
+def _time(step, n: int, label: str = "timed steps") -> List[float]:
   times = []
-  for _ in range(n):
+  meter = side_meter(label, n)
+  for i in range(n):
     start = time.perf_counter()
     step()
     times.append(time.perf_counter() - start)
+    meter.update(i + 1)
   return times
 
 
@@ -284,7 +301,7 @@ def _matmul_peak_flops(dtype_name: str) -> float:
     jax.block_until_ready(out)
 
   burst()  # compile and warm up
-  return 2.0 * n ** 3 * reps / statistics.median(_time(burst, 3))
+  return 2.0 * n ** 3 * reps / statistics.median(_time(burst, 3, "matmul peak bursts"))
 
 
 def _ours(args) -> Dict[str, float]:
@@ -299,7 +316,7 @@ def _ours(args) -> Dict[str, float]:
     holder["state"], metrics = step(holder["state"], batch)
     jax.block_until_ready(metrics["loss"])
 
-  _time(one, 2)  # compilation and warm-up
+  _time(one, 2, "warm-up steps (compiling)")
   seconds = statistics.median(_time(one, args.steps))
   if args.profile:  # after the timing, which the tracing would slow
     with jax.profiler.trace(args.profile):
@@ -403,7 +420,7 @@ def _timed_torch_steps(args, loss_fn, opt) -> Dict[str, float]:
     opt.zero_grad()
     torch_sync()
 
-  _time(one, 2)
+  _time(one, 2, "warm-up steps")
   return {"seconds_per_step": statistics.median(_time(one, args.steps))}
 
 
@@ -483,7 +500,7 @@ def _side(args) -> int:
   peak = _peak_device_bytes(args.side)
   if peak:
     result["peak_device_mb"] = peak / 2**20
-  print("BENCH_RESULT " + json.dumps(result), flush=True)
+  print(RESULT + json.dumps(result), flush=True)
   return 0
 
 
@@ -515,13 +532,35 @@ def _run_side(side: str, argv: Sequence[str], xla_flags: str = "",
   if xla_flags:
     from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
     env["XLA_FLAGS"] = xla_defaults.merge(env.get("XLA_FLAGS", ""), xla_flags)
-  proc = subprocess.run([sys.executable, "-m", "prompt_jax.bench", *argv, f"--side={side}"],
-                        capture_output=True, text=True, check=False, env=env)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("BENCH_RESULT ")]
-  if proc.returncode or not lines:
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+  code, results, errors = stream_side(
+      [sys.executable, "-m", "prompt_jax.bench", *argv, f"--side={side}"], env,
+      lambda text: print(f"  ({side}) {text}", file=sys.stderr, flush=True))
+  if code or not results:
+    tail = (errors.strip().splitlines() or ["no output"])[-1]
     raise RuntimeError(f"the {side} side of the benchmark failed: {tail}")
-  return json.loads(lines[-1][len("BENCH_RESULT "):])
+  return json.loads(results[-1])
+
+
+def stream_side(command: Sequence[str], env: Dict[str, str],
+                report: Callable[[str], None]) -> Tuple[int, List[str], str]:
+  """Runs a side's `command`; (exit code, its RESULT payloads, its stderr). Each PROGRESS line
+  goes to `report` as soon as the side prints it; stderr is read on a thread meanwhile (a side
+  that fills the pipe would otherwise block)."""
+  proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env)
+  errors: List[str] = []
+  reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
+  reader.start()
+  results = []
+  for line in proc.stdout:
+    line = line.rstrip("\n")
+    if line.startswith(PROGRESS):
+      report(line[len(PROGRESS):])
+    elif line.startswith(RESULT):
+      results.append(line[len(RESULT):])
+  code = proc.wait()
+  reader.join()
+  return code, results, "".join(errors)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

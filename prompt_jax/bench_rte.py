@@ -136,14 +136,16 @@ def _validation_inputs(args) -> np.ndarray:
 def epoch_ours(args, setup) -> Dict[str, float]:
   """One epoch of our training pipeline + step. `setup(example_batch)` -> (step, state)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   stream = _train_stream(args, args.buckets, args.group)
   steps = epoch_steps(args, _num_examples("train"))
   first = next(stream)
   step, holder = setup(first)
   shapes = set()
   compiling = 0.0  # seconds of the steps that compiled a new shape
+  meter = bench.side_meter("epoch", steps)
   start = time.perf_counter()
-  for _, batch in zip(range(steps), itertools.chain([first], stream)):
+  for done, batch in enumerate(itertools.chain([first], stream), 1):
     shape = tuple(v.shape for v in batch.values())
     began = time.perf_counter()
     holder["state"], metrics = step(holder["state"], batch)
@@ -151,6 +153,9 @@ def epoch_ours(args, setup) -> Dict[str, float]:
     if shape not in shapes:
       shapes.add(shape)
       compiling += time.perf_counter() - began
+    meter.update(done)
+    if done == steps:
+      break
   seconds = time.perf_counter() - start
   return {"seconds": seconds, "steps": steps, "programs": len(shapes),
           "compiling_seconds": compiling, "real_tokens": stream.tokens_real,
@@ -175,8 +180,9 @@ def epoch_peft(args, model_and_optimizer) -> Dict[str, float]:
   from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   model, opt = model_and_optimizer()
   real = processed = 0
+  meter = bench.side_meter("epoch", len(rows))
   start = time.perf_counter()
-  for batch_rows in rows:
+  for done, batch_rows in enumerate(rows, 1):
     batch = {k: v.to(bench.torch_device()) for k, v in collator(batch_rows).items()}
     real += int(torch.count_nonzero(batch["input_ids"]) + torch.count_nonzero(
         batch["labels"] >= 0))
@@ -185,6 +191,7 @@ def epoch_peft(args, model_and_optimizer) -> Dict[str, float]:
     loss.backward()
     opt.step()
     opt.zero_grad()
+    meter.update(done)  # (on a GPU the token counts above waited for the previous step)
   bench.torch_sync()
   seconds = time.perf_counter() - start
   return {"seconds": seconds, "steps": len(rows), "real_tokens": real,

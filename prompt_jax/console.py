@@ -13,7 +13,8 @@ import logging
 import os
 import sys
 import warnings
-from typing import Iterator
+import time
+from typing import Callable, Iterator, Optional
 
 # Python loggers of libraries whose INFO/WARNING lines are not actionable for a user.
 _NOISY_LOGGERS = ("absl", "tensorflow", "seqio", "orbax", "jax._src.xla_bridge",
@@ -91,3 +92,39 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
         logging.getLogger(name).setLevel(level)
       if absl_logging is not None and absl_verbosity is not None:
         absl_logging.set_verbosity(absl_verbosity)
+
+
+def clock_text(seconds: float) -> str:
+  return time.strftime("%H:%M:%S", time.gmtime(seconds))
+
+
+class Meter:
+  """Progress of long work with a known total, e.g. prediction over a large split:
+  'eval: 1,024/8,192 examples (12%) 85.3 examples/s ETA 00:01:24', at most once per `period_s`
+  seconds (so short work prints nothing), through `emit` (default: print to stdout)."""
+
+  def __init__(self, label: str, total: int, unit: str = "examples", period_s: float = 10.0,
+               clock: Callable[[], float] = time.monotonic,
+               emit: Optional[Callable[[str], None]] = None):
+    self.label, self.total, self.unit, self.period_s = label, total, unit, period_s
+    self._clock = clock
+    self._emit = emit or (lambda text: print(text, flush=True))
+    self._start = self._last = clock()
+
+  def line(self, done: int, now: float) -> str:
+    elapsed = max(now - self._start, 1e-9)
+    rate = done / elapsed
+    eta = clock_text((self.total - done) / rate) if rate > 0 else "?"
+    percent = 100.0 * done / max(self.total, 1)
+    return (f"{self.label}: {done:,}/{self.total:,} {self.unit} ({percent:.0f}%) "
+            f"{rate:.1f} {self.unit}/s ETA {eta}")
+
+  def update(self, done: int) -> Optional[str]:
+    """Emits (and returns) a line when `period_s` passed since the last one."""
+    now = self._clock()
+    if now - self._last < self.period_s or done >= self.total:
+      return None
+    self._last = now
+    text = self.line(done, now)
+    self._emit(text)
+    return text

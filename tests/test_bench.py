@@ -273,3 +273,68 @@ def test_memory_ratio_is_the_accelerators_where_both_sides_ran_on_one():
   assert bench._memory_ratio(gpu_ours, gpu_peft) == "device memory 0.31"
   cpu_ours, cpu_torch = {"peak_rss_mb": 1000.0}, {"peak_rss_mb": 2000.0}
   assert bench._memory_ratio(cpu_ours, cpu_torch) == "memory 0.50"
+
+
+# A side that reports progress, then waits (up to 60 s) until the bench has shown it: only a
+# runner that relays progress while the side runs lets it finish with its result.
+_WAITING_SIDE = r'''
+import json, os, sys, time
+print("BENCH_PROGRESS epoch: 1/2 steps (50%) 0.5 steps/s ETA 00:00:02", flush=True)
+sys.stderr.write("x" * 1_000_000 + "\n")  # more than a pipe holds: stderr must be drained
+for _ in range(600):
+  if os.path.exists(sys.argv[1]):
+    print("BENCH_RESULT " + json.dumps({"seconds": 1.0}), flush=True)
+    sys.exit(0)
+  time.sleep(0.1)
+sys.exit(3)
+'''
+
+
+def test_a_sides_progress_is_shown_while_it_runs(tmp_path):
+  import sys  # pylint: disable=g-import-not-at-top
+  shown = tmp_path / "shown"
+  reports = []
+
+  def report(text):
+    reports.append(text)
+    shown.write_text(text)
+
+  code, results, errors = bench.stream_side(
+      [sys.executable, "-c", _WAITING_SIDE, str(shown)], {}, report)
+  assert (code, results) == (0, ['{"seconds": 1.0}']), errors[-300:]
+  assert reports == ["epoch: 1/2 steps (50%) 0.5 steps/s ETA 00:00:02"]
+  assert len(errors) == 1_000_001
+
+
+def test_side_meter_lines_reach_the_bench_marked(capsys):
+  meter = bench.side_meter("epoch", 4, period_s=0.0)
+  meter.update(1)
+  meter.update(4)  # done: the bench's own result line follows, no progress line
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 1, out
+  assert re.fullmatch(re.escape(bench.PROGRESS) + r"epoch: 1/4 steps \(25%\) [0-9.]+ steps/s "
+                      r"ETA \d\d:\d\d:\d\d", out[0]), out
+
+
+def test_progress_goes_to_stderr_and_not_into_the_record(tmp_path, monkeypatch, capsys):
+  """The figures are printed and recorded; a side's progress only shows on stderr, labelled
+  with its side, and a failed side's last stderr line is the one-line error."""
+  def fake_side(cmd, env, report):
+    del env
+    report("timed steps: 1/3 steps (33%) 0.5 steps/s ETA 00:00:04")
+    return 0, ['{"seconds_per_step": 2.0, "peak_rss_mb": 100.0, "flops_per_step": 1.0, '
+               '"matmul_peak_flops": 1.0, "attention": "einsum"}'], ""
+
+  monkeypatch.setattr(bench, "stream_side", fake_side)
+  record = tmp_path / "record.md"
+  assert bench.main(["train_step", "--reference=torch", f"--record={record}"]) == 0
+  captured = capsys.readouterr()
+  progress = "timed steps: 1/3 steps (33%) 0.5 steps/s ETA 00:00:04"
+  assert f"  (ours) {progress}" in captured.err and f"  (torch) {progress}" in captured.err
+  assert progress not in captured.out and progress not in record.read_text()
+  assert "ratio ours/reference: time 1.00" in record.read_text()
+  monkeypatch.setattr(bench, "stream_side",
+                      lambda cmd, env, report: (1, [], "a traceback\nValueError: no\n"))
+  assert bench.main(["train_step", "--reference=torch"]) == 1
+  assert capsys.readouterr().err == ("prompt-jax bench: error: the ours side of the benchmark "
+                                     "failed: ValueError: no\n")

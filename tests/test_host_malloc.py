@@ -247,14 +247,13 @@ def test_the_bench_runs_the_reference_under_the_system_malloc(monkeypatch):
   from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   envs = []
 
-  def fake_run(cmd, env, **unused_kwargs):
+  def fake_side(cmd, env, unused_report):
     envs.append((cmd[-1], env))
     result = {"seconds_per_step": 2.0, "peak_rss_mb": 100.0, "flops_per_step": 1.0,
               "matmul_peak_flops": 1.0, "attention": "einsum"}
-    return subprocess.CompletedProcess(cmd, 0, "BENCH_RESULT " + __import__("json").dumps(
-        result), "")
+    return 0, [__import__("json").dumps(result)], ""
 
-  monkeypatch.setattr(bench.subprocess, "run", fake_run)
+  monkeypatch.setattr(bench, "stream_side", fake_side)
   for name, value in _restart(JEMALLOC_ON).items():
     monkeypatch.setenv(name, value)
   argv = ["train_step", "--reference=torch"]

@@ -7,6 +7,8 @@ from typing import Callable, Mapping, Optional
 import jax
 from clu import metric_writers
 
+from prompt_jax import console
+
 TRAIN_DIR = "train"
 TRAINING_EVAL_DIR = "training_eval"
 INFERENCE_EVAL_DIR = "inference_eval"
@@ -46,40 +48,13 @@ class Progress:
             "timing/examples_per_second": steps_per_sec * batch_size}
 
 
-def _clock(seconds: float) -> str:
-  return time.strftime("%H:%M:%S", time.gmtime(seconds))
-
-
-class Meter:
-  """Progress of long work with a known total, e.g. prediction over a large split:
-  'eval: 1,024/8,192 examples (12%) 85.3 examples/s ETA 00:01:24', at most once per `period_s`
-  seconds (so short work prints nothing), through `log` (process 0's stdout)."""
+class Meter(console.Meter):
+  """`console.Meter` whose lines go through `log` (process 0's stdout, and logging)."""
 
   def __init__(self, label: str, total: int, unit: str = "examples", period_s: float = 10.0,
                clock: Callable[[], float] = time.monotonic,
                emit: Optional[Callable[[str], None]] = None):
-    self.label, self.total, self.unit, self.period_s = label, total, unit, period_s
-    self._clock = clock
-    self._emit = emit or log
-    self._start = self._last = clock()
-
-  def line(self, done: int, now: float) -> str:
-    elapsed = max(now - self._start, 1e-9)
-    rate = done / elapsed
-    eta = _clock((self.total - done) / rate) if rate > 0 else "?"
-    percent = 100.0 * done / max(self.total, 1)
-    return (f"{self.label}: {done:,}/{self.total:,} {self.unit} ({percent:.0f}%) "
-            f"{rate:.1f} {self.unit}/s ETA {eta}")
-
-  def update(self, done: int) -> Optional[str]:
-    """Emits (and returns) a line when `period_s` passed since the last one."""
-    now = self._clock()
-    if now - self._last < self.period_s or done >= self.total:
-      return None
-    self._last = now
-    text = self.line(done, now)
-    self._emit(text)
-    return text
+    super().__init__(label, total, unit, period_s, clock, emit or log)
 
 
 def log(message: str, *args) -> None:
