@@ -552,13 +552,18 @@ def stream_side(command: Sequence[str], env: Dict[str, str],
   reader = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)
   reader.start()
   results = []
-  for line in proc.stdout:
-    line = line.rstrip("\n")
-    if line.startswith(PROGRESS):
-      report(line[len(PROGRESS):])
-    elif line.startswith(RESULT):
-      results.append(line[len(RESULT):])
-  code = proc.wait()
+  try:
+    for line in proc.stdout:
+      line = line.rstrip("\n")
+      if line.startswith(PROGRESS):
+        report(line[len(PROGRESS):])
+      elif line.startswith(RESULT):
+        results.append(line[len(RESULT):])
+    code = proc.wait()
+  finally:  # interrupted (Ctrl-C, a failed report): no side left running, as subprocess.run
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
   reader.join()
   return code, results, "".join(errors)
 

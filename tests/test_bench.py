@@ -338,3 +338,20 @@ def test_progress_goes_to_stderr_and_not_into_the_record(tmp_path, monkeypatch, 
   assert bench.main(["train_step", "--reference=torch"]) == 1
   assert capsys.readouterr().err == ("prompt-jax bench: error: the ours side of the benchmark "
                                      "failed: ValueError: no\n")
+
+
+def test_an_interrupted_bench_leaves_no_side_running():
+  """A failure while a side runs (here in the progress report; Ctrl-C alike) kills the side."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  side = ("import os, time; print('BENCH_PROGRESS', os.getpid(), flush=True); time.sleep(600)")
+  pids = []
+
+  def report(text):
+    pids.append(int(text))
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    bench.stream_side([sys.executable, "-c", side], {}, report)
+  with pytest.raises(ProcessLookupError):  # killed and reaped
+    os.kill(pids[0], 0)
