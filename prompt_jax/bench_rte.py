@@ -209,20 +209,24 @@ def _label_ids(args) -> np.ndarray:
 
 def eval_ours(args, run) -> Dict[str, float]:
   """Rank classification and greedy decoding of RTE validation through evaluation.inference."""
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   inputs = _validation_inputs(args)
   label_ids = _label_ids(args)
   out = {"examples": int(inputs.shape[0])}
+  meter = bench.side_meter("eval", 4, "passes")
   # Each timed once after one untimed pass (compiles every bucket program on the way).
-  for name, fn in (("rank_seconds", lambda: inference.label_scores(
+  for i, (name, fn) in enumerate((("rank_seconds", lambda: inference.label_scores(
       run, inputs, label_ids, batch_size=args.batch)),
-                   ("greedy_seconds", lambda: inference.decode_rows(
-                       run, inputs, batch_size=args.batch, max_decode_length=args.targets,
-                       eos_id=-1)[0])):
+                                  ("greedy_seconds", lambda: inference.decode_rows(
+                                      run, inputs, batch_size=args.batch,
+                                      max_decode_length=args.targets, eos_id=-1)[0]))):
     fn()
+    meter.update(2 * i + 1)
     start = time.perf_counter()
     fn()
     out[name] = time.perf_counter() - start
+    meter.update(2 * i + 2)
   return out
 
 
@@ -244,7 +248,9 @@ def eval_peft(args, model) -> Dict[str, float]:
                        num_beams=1, max_new_tokens=args.targets, min_new_tokens=args.targets)
     bench.torch_sync()
 
+  meter = bench.side_meter("eval", 2, "passes")
   run()  # warm-up, as ours
+  meter.update(1)
   start = time.perf_counter()
   run()
   return {"examples": int(inputs.shape[0]), "generate_seconds": time.perf_counter() - start}
