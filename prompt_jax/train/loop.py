@@ -3,6 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
+import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import gin
@@ -245,6 +246,7 @@ def train(*, model_dir: str = gin.REQUIRED,
                         lambda: checkpointing.all_finite(state.params))
     _write_checkpoint(mngr, model_dir, done, state, position, stream, backbone)
 
+  buckets = _BucketPrograms(stream.buckets)
   watch = guards.PreemptionWatch().install()  # SIGTERM from here on: save after a step
   if eval_before_training and start == 0:
     evaluate(0)
@@ -255,6 +257,8 @@ def train(*, model_dir: str = gin.REQUIRED,
     if rep_cache is not None:
       local = rep_cache.add_to(local)
     batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)
+    new_bucket = buckets.new_shape(batch)  # length buckets: a program to compile now
+    began = time.perf_counter()
     with partitioning.axis_rules(mesh):
       state, metrics, first_bad = step_fn(state, run.frozen, batch, dropout_rng, first_bad)
     position += 1
@@ -263,6 +267,9 @@ def train(*, model_dir: str = gin.REQUIRED,
       jax.block_until_ready(metrics)
       summaries.log(startup.first_step_done())
       train_writer.write_scalars(done, startup.scalars())
+    elif new_bucket:  # a pause the steps/s would show unexplained (one sync, on this step only)
+      jax.block_until_ready(metrics)
+      summaries.log(buckets.line(done, batch, time.perf_counter() - began))
     last = done == total_steps
     if done % stats_period == 0 or last:
       guards.check_finite(first_bad, done, lambda: _last_good(model_dir))
@@ -334,6 +341,35 @@ def _resumed(mngr, model_dir: str, restored: checkpointing.Restored,
   if not checkpointing.exported(model_dir, restored.step):  # killed between save and export
     checkpointing.export_numpy(model_dir, restored.step, restored.state.params, exclude=backbone)
   return restored.position
+
+
+class _BucketPrograms:
+  """With length buckets, which batch shapes the step has met: a new one compiles a program in
+  the loop, whose wait `train` logs ('step 40: a new length bucket (inputs 24, targets 8):
+  compiled and ran in 3.2 s; 2 of at most 4 programs')."""
+
+  def __init__(self, buckets: Optional[Mapping[str, Any]]):
+    self.buckets = buckets
+    self.seen = set()
+
+  def new_shape(self, batch: Mapping[str, Any]) -> bool:
+    if self.buckets is None:
+      return False
+    shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    if shape in self.seen:
+      return False
+    self.seen.add(shape)
+    return True
+
+  def line(self, step: int, batch: Mapping[str, Any], seconds: float) -> str:
+    lengths = {"inputs": batch["encoder_input_tokens"].shape[1],
+               "targets": batch["decoder_target_tokens"].shape[1]}
+    most = 1
+    for lengths_of_feature in self.buckets.values():
+      most *= len(lengths_of_feature)
+    return (f"step {step}: a new length bucket (inputs {lengths['inputs']}, targets "
+            f"{lengths['targets']}): compiled and ran in {seconds:.1f} s; {len(self.seen)} of at "
+            f"most {most} programs")
 
 
 def _last_good(model_dir: str) -> Optional[str]:

@@ -141,3 +141,31 @@ def test_killed_grouped_run_resumes_bitwise(tmp_path):
   shares = [common.tensorboard_scalars(d, "data/real_token_share") for d in (full, ungrouped)]
   assert sorted(shares[0]) == sorted(shares[1]) == [1, 2, 3, 4, 5]
   assert 0 < shares[1][5] < shares[0][5] <= 1, shares
+
+
+def test_each_new_bucket_program_is_logged_once(tmp_path):
+  """A bucketed run compiles a program in the loop for each batch shape it meets first after
+  step 1; `train` logs that wait once per shape, at the step it happens, with the count so far
+  (the shapes read off the same stream, outside the run)."""
+  import re  # pylint: disable=g-import-not-at-top
+  stream = _stream(3)
+  seen, expected = set(), []
+  for step in range(1, 7):
+    batch = next(stream)
+    shape = (batch["encoder_input_tokens"].shape[1], batch["decoder_target_tokens"].shape[1])
+    if shape not in seen:
+      seen.add(shape)
+      if step > 1:  # step 1's program is in the start-up line
+        expected.append((step, *shape, len(seen)))
+  assert expected, "the stream met one shape only: nothing to check"
+  log = _train(str(tmp_path / "run"), 6, "--gin.prompt_jax.group_by_length.batches=3")
+  most = len(stream.buckets["inputs"]) * len(stream.buckets["targets"])  # (8, 16) x (4,)
+  found = re.findall(r"step (\d+): a new length bucket \(inputs (\d+), targets (\d+)\): "
+                     rf"compiled and ran in [0-9.]+ s; (\d+) of at most {most} programs", log)
+  assert [tuple(int(x) for x in f) for f in found] == expected, log
+  unbucketed = io.StringIO()
+  with contextlib.redirect_stdout(unbucketed), contextlib.redirect_stderr(io.StringIO()):
+    assert cli.main(["train"] + common.flags(str(tmp_path / "padded"), 3)) == 0
+  gin.clear_config()
+  assert "first step done" in unbucketed.getvalue()
+  assert "length bucket" not in unbucketed.getvalue()
