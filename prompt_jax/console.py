@@ -12,8 +12,8 @@ import contextlib
 import logging
 import os
 import sys
-import warnings
 import time
+import warnings
 from typing import Callable, Iterator, Optional
 
 # Python loggers of libraries whose INFO/WARNING lines are not actionable for a user.
