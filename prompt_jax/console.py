@@ -95,7 +95,10 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
 
 
 def clock_text(seconds: float) -> str:
-  return time.strftime("%H:%M:%S", time.gmtime(seconds))
+  """'HH:MM:SS' with hours that do not wrap at a day (a 30-hour ETA is '30:00:00', not
+  '06:00:00'); negative times read as zero."""
+  total = int(max(seconds, 0.0))
+  return f"{total // 3600:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
 class Meter:

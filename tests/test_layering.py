@@ -5,6 +5,7 @@ import gin
 import pytest
 
 from prompt_jax import cli
+from prompt_jax import console
 from prompt_jax import layering
 from prompt_jax import paths
 from prompt_jax.train import summaries
@@ -142,6 +143,17 @@ def test_progress_meter_lines_and_eta():
   now[0] = 40.0
   assert meter.update(100) is None  # done: the command's own last line follows
   assert lines == ["eval: 20/100 examples (20%) 2.0 examples/s ETA 00:00:40"]
+
+
+def test_progress_times_past_a_day_do_not_wrap():
+  """An ETA of 30 h read '06:00:00' when the clock was formatted by time.gmtime."""
+  now = [0.0]
+  meter = summaries.Meter("train", 1000, unit="steps", period_s=1.0, clock=lambda: now[0],
+                          emit=lambda text: None)
+  now[0] = 108.0  # 1 step in 108 s; 999 left -> 107,892 s = 29 h 58 min 12 s
+  assert meter.update(1).endswith("ETA 29:58:12")
+  assert console.clock_text(0.4) == "00:00:00" and console.clock_text(-5) == "00:00:00"
+  assert console.clock_text(86400 * 3 + 61) == "72:01:01"
 
 
 def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Dict, List, TextIO
 
+from prompt_jax import console
 from prompt_jax.errors import ConfigError
 from prompt_jax.launch import spec as spec_lib
 
@@ -104,10 +105,6 @@ def _raise_interrupt(*unused):
   raise KeyboardInterrupt
 
 
-def _hms(seconds: float) -> str:
-  return time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0)))
-
-
 class _Lock:
   def __init__(self, root: str):
     self.path = os.path.join(root, LOCK_FILE)
@@ -185,7 +182,7 @@ class _Runner:
     if not self.durations:
       return "?"
     left = len(self.queue) + len(self.running)
-    return _hms(sum(self.durations) / len(self.durations) * left / self.parallel)
+    return console.clock_text(sum(self.durations) / len(self.durations) * left / self.parallel)
 
   def _start(self, job: spec_lib.Job) -> None:
     entry = self._entry(job)
@@ -221,8 +218,9 @@ class _Runner:
     write_status(self.root, self.status)
     c = self._counts()
     verb = "done  " if returncode == 0 else "FAILED"
+    took = console.clock_text(seconds)
     self._print(f"[{self.sweep.jobs.index(job) + 1}/{len(self.sweep.jobs)}] {verb} {job.name} "
-                f"in {_hms(seconds)}" + ("" if returncode == 0 else f": {entry['error']}")
+                f"in {took}" + ("" if returncode == 0 else f": {entry['error']}")
                 + f" | {c[DONE]} done, {c[FAILED]} failed, {len(self.queue) + len(self.running)}"
                 f" left, ETA {self._eta()}")
 
@@ -268,7 +266,7 @@ class _Runner:
     where = (f"status: {status_path(self.root)}; report: prompt-jax sweep report "
              f"{self.sweep.path}")
     if self.interrupted:
-      self._print(f"sweep {self.sweep.name}: interrupted after {_hms(time.time() - t0)} "
+      self._print(f"sweep {self.sweep.name}: interrupted after {console.clock_text(time.time() - t0)} "
                   f"({c[DONE]} done, {c[FAILED]} failed, {c[PENDING]} pending); run the same "
                   f"command to resume. {where}")
       return 130
@@ -277,5 +275,5 @@ class _Runner:
       self._print(f"failed: {', '.join(failed)} (see their logs under {self.root}/logs; "
                   f"--retry_failed reruns them)")
     self._print(f"sweep {self.sweep.name}: {c[DONE]}/{len(self.sweep.jobs)} done, {c[FAILED]} "
-                f"failed in {_hms(time.time() - t0)}. {where}")
+                f"failed in {console.clock_text(time.time() - t0)}. {where}")
     return 0 if c[DONE] == len(self.sweep.jobs) else 1

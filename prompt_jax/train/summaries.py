@@ -21,7 +21,7 @@ def writer(model_dir: str, *parts: str) -> metric_writers.MetricWriter:
 
 
 class Progress:
-  """Formats 'step 120/1000 loss 1.234 lr 0.3 12.3 steps/s 98.4 examples/s ETA 0:01:12'."""
+  """Formats 'step 120/1000 loss 1.234 lr 0.3 12.3 steps/s 98.4 examples/s ETA 00:01:12'."""
 
   def __init__(self, start_step: int, total_steps: int, batch_size: int):
     self.total_steps = total_steps
@@ -35,8 +35,8 @@ class Progress:
     steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_step, self._last_time = step, now
     self.steps_per_sec = steps_per_sec
-    eta = (self.total_steps - step) / steps_per_sec if steps_per_sec > 0 else float("inf")
-    eta_str = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta != float("inf") else "?"
+    eta_str = (console.clock_text((self.total_steps - step) / steps_per_sec)
+               if steps_per_sec > 0 else "?")
     return (f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} "
             f"accuracy {metrics.get('accuracy', float('nan')):.3f} lr {lr:.4g} "
             f"{steps_per_sec:.2f} steps/s {steps_per_sec * self.batch_size:.1f} examples/s "
