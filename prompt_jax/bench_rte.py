@@ -145,7 +145,8 @@ def epoch_ours(args, setup) -> Dict[str, float]:
   compiling = 0.0  # seconds of the steps that compiled a new shape
   meter = bench.side_meter("epoch", steps)
   start = time.perf_counter()
-  for done, batch in enumerate(itertools.chain([first], stream), 1):
+  # range first: zip stops there without pulling a batch past the epoch from the stream.
+  for done, batch in zip(range(1, steps + 1), itertools.chain([first], stream)):
     shape = tuple(v.shape for v in batch.values())
     began = time.perf_counter()
     holder["state"], metrics = step(holder["state"], batch)
@@ -154,8 +155,6 @@ def epoch_ours(args, setup) -> Dict[str, float]:
       shapes.add(shape)
       compiling += time.perf_counter() - began
     meter.update(done)
-    if done == steps:
-      break
   seconds = time.perf_counter() - start
   return {"seconds": seconds, "steps": steps, "programs": len(shapes),
           "compiling_seconds": compiling, "real_tokens": stream.tokens_real,

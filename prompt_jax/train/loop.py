@@ -3,6 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
+import math
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -351,6 +352,7 @@ class _BucketPrograms:
   def __init__(self, buckets: Optional[Mapping[str, Any]]):
     self.buckets = buckets
     self.seen = set()
+    self.most = math.prod(len(lengths) for lengths in buckets.values()) if buckets else 0
 
   def new_shape(self, batch: Mapping[str, Any]) -> bool:
     if self.buckets is None:
@@ -364,12 +366,9 @@ class _BucketPrograms:
   def line(self, step: int, batch: Mapping[str, Any], seconds: float) -> str:
     lengths = {"inputs": batch["encoder_input_tokens"].shape[1],
                "targets": batch["decoder_target_tokens"].shape[1]}
-    most = 1
-    for lengths_of_feature in self.buckets.values():
-      most *= len(lengths_of_feature)
     return (f"step {step}: a new length bucket (inputs {lengths['inputs']}, targets "
             f"{lengths['targets']}): compiled and ran in {seconds:.1f} s; {len(self.seen)} of at "
-            f"most {most} programs")
+            f"most {self.most} programs")
 
 
 def _last_good(model_dir: str) -> Optional[str]:
