@@ -266,7 +266,8 @@ class _Runner:
     where = (f"status: {status_path(self.root)}; report: prompt-jax sweep report "
              f"{self.sweep.path}")
     if self.interrupted:
-      self._print(f"sweep {self.sweep.name}: interrupted after {console.clock_text(time.time() - t0)} "
+      took = console.clock_text(time.time() - t0)
+      self._print(f"sweep {self.sweep.name}: interrupted after {took} "
                   f"({c[DONE]} done, {c[FAILED]} failed, {c[PENDING]} pending); run the same "
                   f"command to resume. {where}")
       return 130
