@@ -799,8 +799,9 @@ def _epoch(args, argv, reference, say) -> None:
   steps_alone = ours["seconds"] - ours["compiling_seconds"]
   say(f"  prompt_jax (jit, {how}): {ours['steps']} steps in {ours['seconds']:.1f} s (of which "
       f"{ours['compiling_seconds']:.1f} s compiling {ours['programs']} programs, once per run; "
-      f"the steps alone {steps_alone:.1f} s), {_tokens(ours)}, peak RSS "
-      f"{ours['peak_rss_mb']:.0f} MB")
+      f"the steps alone {steps_alone:.1f} s, each program's first step "
+      f"{ours['first_steps_extra_seconds']:+.1f} s in all against the later steps of its "
+      f"shape), {_tokens(ours)}, peak RSS {ours['peak_rss_mb']:.0f} MB")
   if reference == "none":
     return
   ref = _run_side(reference, argv)
