@@ -142,6 +142,7 @@ def epoch_ours(args, setup) -> Dict[str, float]:
   spent compiling is counted apart from the steps'."""
   import jax  # pylint: disable=g-import-not-at-top
   from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   stream = _train_stream(args, args.buckets, args.group)
   steps = epoch_steps(args, _num_examples("train"))
   first = next(stream)
@@ -153,7 +154,7 @@ def epoch_ours(args, setup) -> Dict[str, float]:
   start = time.perf_counter()
   # range first: zip stops there without pulling a batch past the epoch from the stream.
   for done, batch in zip(range(1, steps + 1), itertools.chain([first], stream)):
-    shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    shape = state_lib.batch_shape(batch)
     if shape not in programs:
       began = time.perf_counter()
       programs[shape] = holder["compile"](holder["state"], batch)

@@ -357,7 +357,7 @@ class _BucketPrograms:
   def new_shape(self, batch: Mapping[str, Any]) -> bool:
     if self.buckets is None:
       return False
-    shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
+    shape = state_lib.batch_shape(batch)
     if shape in self.seen:
       return False
     self.seen.add(shape)

@@ -54,6 +54,12 @@ def opt_state_shardings(opt_state_shapes: PyTree, params: PyTree, shardings: PyT
   return jax.tree_util.tree_map(assign, opt_state_shapes, is_leaf=is_param_tree)
 
 
+def batch_shape(batch: Mapping[str, Any]) -> tuple:
+  """The feature names and array shapes of `batch`, sorted: the key of the program jit compiles
+  for it (a new length bucket is a new key)."""
+  return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, *,
                     z_loss: float = 1e-4,
                     loss_normalizing_factor=losses.NUM_REAL_TARGET_TOKENS,
