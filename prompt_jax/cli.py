@@ -344,10 +344,28 @@ def check_macro_typos(read: Sequence[str] = ()) -> None:
     _say(f"note: --gin.{name} is not used by this configuration")
 
 
+def _prompt_file(layers) -> Optional[str]:
+  """PROMPT_FILE as this command sets it; None when the value is the run's config.gin's: the file
+  a run of `prompts/from_file.gin` started from, not what it trained."""
+  return None if layers is not None and layers.from_run("PROMPT_FILE") else _macro("PROMPT_FILE")
+
+
+def evaluate_what_the_run_trained(command: str, layers) -> None:
+  """`eval` / `infer` of a run that started from PROMPT_FILE evaluate its checkpoint, not that
+  file (which its config.gin keeps as the prompt's initialiser), unless you name a file."""
+  import gin  # pylint: disable=g-import-not-at-top
+  if command not in ("eval", "infer") or _prompt_file(layers) or not _macro("PROMPT_FILE"):
+    return
+  gin.bind_parameter(f"prompt_jax.{'evaluate' if command == 'eval' else 'infer'}.prompt_file",
+                     None)
+  _say(f"note: PROMPT_FILE {_macro('PROMPT_FILE')} is where this run's prompt started; "
+       f"{command} uses the run's trained checkpoint (--gin.PROMPT_FILE=... for a file)")
+
+
 def check_against_run(layers) -> None:
   """Refuses, in one line, a configuration whose trainable parameters do not fit the
   checkpoint of the run in MODEL_DIR (names the overrides that caused it and the run's values)."""
-  if layers is None or layers.run_values is None or _macro("PROMPT_FILE"):
+  if layers is None or layers.run_values is None or _prompt_file(layers):
     return
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
@@ -506,6 +524,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
                      args.gin_search_paths, command=command)
   check_required(command, layers)
   check_against_run(layers)
+  evaluate_what_the_run_trained(command, layers)
   for note in layers.notes:
     _say(f"note: {note}")
   if command in ("train", "eval", "infer"):

@@ -45,6 +45,16 @@ class Layers:
   run_values: Optional[Dict[Key, Any]] = None  # the bindings right after config.gin (layer 3)
   notes: List[str] = dataclasses.field(default_factory=list)
 
+  def from_run(self, macro: str) -> bool:
+    """Whether `macro` holds the value the run's config.gin gave it: set there, not changed by
+    an own file after it, nor set again by a binding."""
+    key = (macro, "gin.macro", "value")
+    if self.run_values is None or key not in self.run_values:
+      return False
+    if any(b.split("=", 1)[0].strip() == macro for b in self.bindings):
+      return False
+    return _same(self.run_values[key], snapshot().get(key, _MISSING))
+
 
 def _gin():
   import gin  # pylint: disable=g-import-not-at-top

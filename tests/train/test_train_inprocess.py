@@ -196,6 +196,39 @@ def test_eval_and_infer_subcommands(trained, tmp_path):
   assert all(r["prediction"] in "abcd" for r in rows)  # rank classification over the labels
 
 
+def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, tmp_path):
+  """A run of prompts/from_file.gin keeps PROMPT_FILE (its start) in config.gin: `eval` given
+  only MODEL_DIR evaluates the run's checkpoint, a PROMPT_FILE you name evaluates that file."""
+  import json  # pylint: disable=g-import-not-at-top
+  start_dir, _ = trained
+  start = f"{start_dir}/numpy_checkpoints/checkpoint_4/{common.PROMPT_NPY}"
+  model_dir = str(tmp_path / "from_file")
+  code, err = run_cli(["train"] + common.flags(model_dir, 2, "--gin_file=prompts/from_file.gin",
+                                               f"--gin.PROMPT_FILE='{start}'",
+                                               "--gin.prompt_jax.train.eval_steps=1"))
+  assert code == 0, err
+  assert not np.array_equal(common.prompt_at(model_dir, 2), np.load(start))  # it trained
+
+  def evaluated(*extra):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      code, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", *extra])
+    assert code == 0, err
+    found = sorted(os.listdir(os.path.join(model_dir, "eval")))
+    assert len(found) == 1, found
+    path = os.path.join(model_dir, "eval", found[0])
+    record = json.loads(open(path).read())
+    os.remove(path)
+    return record, out.getvalue()
+
+  record, out = evaluated()
+  assert record["checkpoint"] == os.path.join(model_dir, "checkpoints", "2"), record
+  assert record["step"] == 2 and record["prompt_file"] is None, record
+  assert "uses the run's trained checkpoint" in out
+  record, _ = evaluated(f"--gin.PROMPT_FILE='{start}'")
+  assert record["prompt_file"] == start and record["checkpoint"] is None, record
+
+
 def test_greedy_decoding_predictions(trained):
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
