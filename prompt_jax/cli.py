@@ -73,7 +73,9 @@ REQUIRED_MACROS = {
 # Macros a command reads itself (not through a gin binding): set on the command line, they are
 # used even where no gin file references them.
 READ_MACROS = {"inspect": ("MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
-                           "MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE")}
+                           "MIXTURE_OR_TASK_NAME", "MIXTURE_OR_TASK_MODULE"),
+               "export": ("MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH"),
+               "describe": ("MODEL_DIR", "CHECKPOINT_PATH")}
 # Paths (gin macros) made absolute against the working directory before anything runs, so a
 # relative MODEL_DIR writes where you are and resumes from anywhere given the same absolute path.
 PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
@@ -578,8 +580,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       return tasks_inspect.main([a for a in rest if a != "--verbose"])
     if command == "sweep":  # design-decision sweeps (prompt_jax/launch); jobs' gin checked here
       from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
-      return sweep.main([a for a in rest if a != "--verbose"], parse_gin=parse_gin,
-                        check_required=check_required)
+      try:  # sweep says its own bad inputs; anything else is one line too (a path in the way)
+        return sweep.main([a for a in rest if a != "--verbose"], parse_gin=parse_gin,
+                          check_required=check_required)
+      except Exception as e:  # pylint: disable=broad-except
+        return _error(command, e, verbose)
     if command == "recycle":  # a prompt from one frozen model to another (no gin)
       from prompt_jax.evaluation import recycle  # pylint: disable=g-import-not-at-top
       try:

@@ -51,6 +51,8 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   del base_model  # a .npy names no backbone
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
+  if output and os.path.isdir(output):
+    raise ConfigError(f"--output {output} is a directory: name the .npy file to write")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))
   arrays = fold(model.prompt, model.config, params)
   if output and len(arrays) > 1:
@@ -58,14 +60,18 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
                       f"({', '.join(sorted(arrays))}): leave --output out")
   written = []
   for stem, array in sorted(arrays.items()):
-    path = output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_step{run.step}.npy")
+    path = output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_{run.label}.npy")
     if jax.process_index() == 0:
       os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-      with open(path + ".tmp", "wb") as f:
-        np.save(f, array)
-      os.replace(path + ".tmp", path)
-    written.append(f"{stem} {list(array.shape)} {array.dtype} of checkpoint step {run.step} "
-                   f"to {path}")
+      try:  # written whole or not at all
+        with open(path + ".tmp", "wb") as f:
+          np.save(f, array)
+        os.replace(path + ".tmp", path)
+      finally:
+        if os.path.exists(path + ".tmp"):
+          os.remove(path + ".tmp")
+    which = f"step {run.step}" if run.step is not None else run.checkpoint
+    written.append(f"{stem} {list(array.shape)} {array.dtype} of checkpoint {which} to {path}")
   return written
 
 

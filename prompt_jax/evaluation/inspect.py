@@ -396,7 +396,7 @@ def inspect(*, prompt_file: Optional[str] = None, model_dir: Optional[str] = Non
                         f"CHECKPOINT_PATH, or give --prompt=FILE.npy")
     prompt = run_prompt(model or run_setup.model_spec(), run)
     out_stem = os.path.join(output_dir or os.path.join(model_dir, INSPECT_DIR),
-                            f"prompt_step{run.step}")
+                            f"prompt_{run.label}")
     title = f"{os.path.basename(model_dir.rstrip('/'))} step {run.step}"
     events_dir = os.path.join(model_dir, TRAIN_EVENTS_DIR)
   else:

@@ -125,7 +125,7 @@ def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optiona
     raise ConfigError(f"PEFT's prompt tuning cannot represent {model.prompt.name} "
                       f"({', '.join(sorted(arrays))}): use --format=npy")
   prompt = arrays["prompt"]
-  out_dir = output or os.path.join(run.model_dir, export_lib.EXPORT_DIR, f"peft_step{run.step}")
+  out_dir = output or os.path.join(run.model_dir, export_lib.EXPORT_DIR, f"peft_{run.label}")
   if jax.process_index() == 0:
     if os.path.isfile(out_dir):
       raise ConfigError(f"--output {out_dir} is a file: --format=peft writes a directory")

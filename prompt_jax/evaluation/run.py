@@ -6,6 +6,7 @@ of MODEL_DIR (`train.run_dir.resolve`). Given a trained MODEL_DIR, the CLI has a
 its config.gin under your files and flags, so MODEL_DIR is all these need.
 """
 import dataclasses
+import hashlib
 import json
 import os
 from typing import Dict, Optional, Sequence
@@ -13,7 +14,6 @@ from typing import Dict, Optional, Sequence
 import gin
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from prompt_jax import partitioning
 from prompt_jax import run_setup
@@ -21,18 +21,25 @@ from prompt_jax import trees
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import inference
 from prompt_jax.prompts import specs
+from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
 
-EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>.json
+EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>.json (`result_label`)
 INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>.jsonl
 
 
 def checkpoint_params(path: str) -> Dict[str, np.ndarray]:
   """{parameter path: array} of the trained parameters of a `checkpoints/<step>` dir (or of a
   t5x `checkpoint_<step>` dir written by t5x.train)."""
-  restored = ocp.StandardCheckpointer().restore(os.path.abspath(run_dir.state_dir(path)))
+  state = os.path.abspath(run_dir.state_dir(path))
+  try:  # verified against its fingerprint, as the run's latest checkpoint would be
+    restored = checkpointing.read_verified(os.path.dirname(state))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError(f"cannot read the checkpoint {path}: {checkpointing.reason(e)}; name an "
+                      f"intact one (CHECKPOINT_PATH) or leave it out for the run's latest "
+                      f"intact checkpoint") from e
   if "params" not in restored and "target" in restored:
     # A t5x checkpoint (`python -m t5x.train` with gin/t5x/): the whole model is its `target`.
     return trees.flatten(restored["target"])
@@ -112,12 +119,24 @@ def evaluate(*, model_dir: Optional[str] = None,
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   out = None
   if model_dir and jax.process_index() == 0:
-    out = os.path.join(model_dir, EVAL_DIR,
-                       f"{dataset_cfg.mixture_or_task_name}-{dataset_cfg.split}-step{step}.json")
+    out = os.path.join(model_dir, EVAL_DIR, f"{dataset_cfg.mixture_or_task_name}-"
+                       f"{dataset_cfg.split}-{result_label(source, prompt_file)}.json")
     _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
                                  "prompt_file": prompt_file, "split": dataset_cfg.split,
                                  "metrics": metrics}, indent=1, sort_keys=True) + "\n")
   return EvalResult(metrics=metrics, metrics_file=out, step=source.step)
+
+
+def result_label(source: run_dir.RunDir, prompt_file: Optional[str]) -> str:
+  """What a result's file name says of the prompt evaluated: the checkpoint's 'step<N>' (or its
+  name), or for a PROMPT_FILE the file's name and a hash of its path, so that evaluating
+  several files (all `encoder.prompt.prompt.prompt.npy`, say) into one MODEL_DIR never
+  overwrites a result."""
+  if not prompt_file:
+    return source.label
+  path = os.path.abspath(prompt_file)
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return f"{stem}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
 def _write_text(path: str, text: str) -> None:

@@ -455,17 +455,36 @@ def quarantine(mngr: ocp.CheckpointManager, model_dir: str,
   mngr.reload()
 
 
-def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
-  """The trainable parameters of checkpoint `step` (host arrays, flat paths), after verifying
-  the whole checkpoint against its fingerprint; raises on a damaged checkpoint."""
-  directory = epath.Path(step_dir(model_dir, step))
-  restored = ocp.StandardCheckpointer().restore(directory / "state")
+def read_state(state_dir: str) -> Any:
+  """The orbax `state` item at `state_dir` as host numpy arrays (nested dicts), whatever devices
+  wrote it: a restore without a target rebuilds the saved shardings, and fails on another
+  device count (a run trained on 8 devices, exported on 1)."""
+  path = epath.Path(state_dir)
+  handler = ocp.PyTreeCheckpointHandler()
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                      handler.metadata(path).tree)
+  return ocp.Checkpointer(handler).restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+
+
+def read_verified(checkpoint_dir: str) -> Any:
+  """The state of the `checkpoints/<step>` dir `checkpoint_dir` (host arrays), after verifying
+  it whole against its fingerprint ("intact" means the same thing as for the trainer);
+  CorruptCheckpoint on a damaged one. A checkpoint with no fingerprint (t5x's) is taken as is."""
+  directory = epath.Path(checkpoint_dir)
+  restored = read_state(str(directory / "state"))
   data_file = directory / "data" / "metadata"
   saved = None
   if data_file.exists():
     import json  # pylint: disable=g-import-not-at-top
     saved = json.loads(data_file.read_text()).get("fingerprint")
-  verify(restored, saved)  # the whole state: "intact" means the same thing as for the trainer
+  verify(restored, saved)
+  return restored
+
+
+def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
+  """The trainable parameters of checkpoint `step` (host arrays, flat paths), after verifying
+  the whole checkpoint against its fingerprint; raises on a damaged checkpoint."""
+  restored = read_verified(step_dir(model_dir, step))
   return {k: np.asarray(v) for k, v in trees.flatten(restored["params"]).items()}
 
 

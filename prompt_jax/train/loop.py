@@ -144,7 +144,9 @@ def train(*, model_dir: str = gin.REQUIRED,
   startup = startup_lib.StartupTimer()
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
-  _check_run_values(model_dir, total_steps)
+  _check_run_values(model_dir, total_steps, checkpoint_period=checkpoint_period,
+                    stats_period=stats_period, keep_checkpoints=keep_checkpoints,
+                    eval_period=eval_period)
   mesh = _mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
@@ -310,15 +312,26 @@ def train(*, model_dir: str = gin.REQUIRED,
 
 # ===== Reliability: checks, resume, save, preemption (README "When things go wrong") =====
 
-def _check_run_values(model_dir: Any, total_steps: Any) -> None:
-  """Values checked before any compilation or data loading."""
+def _check_run_values(model_dir: Any, total_steps: Any, *, checkpoint_period: Any = 1,
+                      stats_period: Any = 1, keep_checkpoints: Any = None,
+                      eval_period: Any = 0) -> None:
+  """Values checked before any compilation, data loading or writing."""
   if not isinstance(model_dir, str) or not model_dir:
     raise ConfigError(f"MODEL_DIR must be a directory path string, got {model_dir!r}")
-  if isinstance(total_steps, bool) or not isinstance(total_steps, int):
-    raise ConfigError(f"TRAIN_STEPS must be an integer, got {total_steps!r}")
-  if total_steps < 1:
-    raise ConfigError(f"TRAIN_STEPS must be >= 1, got {total_steps}")
+  _check_count("TRAIN_STEPS", total_steps, 1)
+  _check_count("CHECKPOINT_PERIOD", checkpoint_period, 1)
+  _check_count("prompt_jax.train.stats_period", stats_period, 1)
+  _check_count("EVAL_PERIOD", eval_period, 0, " (0: no evaluation during training)")
+  if keep_checkpoints is not None:  # 0 would have orbax delete each checkpoint as it is written
+    _check_count("KEEP_CHECKPOINTS", keep_checkpoints, 1, " or None (keep them all)")
   checkpointing.check_writable(model_dir)
+
+
+def _check_count(name: str, value: Any, least: int, more: str = "") -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ConfigError(f"{name} must be an integer, got {value!r}")
+  if value < least:
+    raise ConfigError(f"{name} must be >= {least}{more}, got {value}")
 
 
 def _mesh(num_partitions: int):

@@ -38,6 +38,14 @@ class RunDir:
   checkpoint: Optional[str]  # MODEL_DIR/checkpoints/<step> (or CHECKPOINT_PATH)
   numpy_dir: Optional[str]  # MODEL_DIR/numpy_checkpoints/checkpoint_<step>
 
+  @property
+  def label(self) -> str:
+    """What output file names say of the checkpoint: 'step<N>', or for a CHECKPOINT_PATH whose
+    name has no step, that name (two such checkpoints never share an output)."""
+    if self.step is not None or not self.checkpoint:
+      return f"step{self.step}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(self.checkpoint.rstrip("/")))
+
   def numpy_files(self) -> Tuple[str, ...]:
     """The `.npy` exports of the checkpoint's trainable parameters (sorted)."""
     if not self.numpy_dir:
@@ -69,11 +77,16 @@ def resolve(model_dir: str, checkpoint_path: Optional[str] = None) -> RunDir:
     if name == "state":
       checkpoint_path = os.path.dirname(checkpoint_path.rstrip("/"))
       name = os.path.basename(checkpoint_path)
-    step = int(name) if re.fullmatch(r"\d+", name) else None
+    # Ours are checkpoints/<step>; t5x's are checkpoint_<step>.
+    found = re.fullmatch(r"(?:checkpoint_)?(\d+)", name)
+    step = int(found.group(1)) if found else None
   else:
     step, checkpoint_path = latest_checkpoint(model_dir)
   numpy_dir = None
-  if step is not None:
+  # The .npy export of that step, when the checkpoint is this run's (not another run's).
+  ours = os.path.normpath(os.path.dirname(os.path.abspath(checkpoint_path or "."))) == (
+      os.path.normpath(os.path.abspath(checkpointing.checkpoints_dir(model_dir))))
+  if step is not None and ours:
     candidate = epath.Path(model_dir) / checkpointing.NUMPY_DIR / f"checkpoint_{step}"
     numpy_dir = str(candidate) if candidate.is_dir() else None
   return RunDir(model_dir=model_dir, config=config, step=step, checkpoint=checkpoint_path,

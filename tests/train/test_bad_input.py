@@ -51,6 +51,21 @@ def train(ctx: Context, *extra: str, steps: int = 3) -> List[str]:
   return ["train"] + common.flags(ctx.model_dir, steps, NO_EVAL, *extra)
 
 
+def _damaged(model_dir: str, step: int) -> str:
+  """Flips one byte in the middle of the largest array data file (OCDBT's `d/`) of checkpoint
+  `step`; returns the checkpoint's path."""
+  ckpt = os.path.join(model_dir, "checkpoints", str(step))
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ckpt, "state")) for f in fs
+           if os.path.basename(d) == "d" and "ocdbt" in d]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.seek(os.path.getsize(largest) // 2)
+    byte = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([byte[0] ^ 0xFF]))
+  return ckpt
+
+
 def _bad_jsonl(ctx):
   d = ctx.path("data", "super_glue", "CB")
   os.makedirs(d)
@@ -151,6 +166,12 @@ CASES = [
          "mine.gin"),
     Case("wrong_value_type", lambda c: train(c, "--gin.TRAIN_STEPS='five'"),
          "TRAIN_STEPS must be an integer, got 'five'"),
+    Case("keep_no_checkpoints", lambda c: train(c, "--gin.KEEP_CHECKPOINTS=0"),
+         "KEEP_CHECKPOINTS must be >= 1 or None (keep them all), got 0"),
+    Case("checkpoint_period_zero", lambda c: train(c, "--gin.CHECKPOINT_PERIOD=0"),
+         "CHECKPOINT_PERIOD must be >= 1, got 0"),
+    Case("stats_period_zero", lambda c: train(c, "--gin.prompt_jax.train.stats_period=0"),
+         "prompt_jax.train.stats_period must be >= 1, got 0"),
     Case("missing_model_dir", lambda c: ["train", "--gin_file=runs/embedded_default.gin"],
          "missing required macro MODEL_DIR", model_dir="fresh"),
     Case("unknown_task", lambda c: train(c, "--gin.MIXTURE_OR_TASK_NAME='embedded_last_leter'"),
@@ -208,6 +229,13 @@ CASES = [
         "infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
          "is not a prompt_jax checkpoint", model_dir="fresh"),
+    Case("export_output_is_a_directory", lambda c: [
+        "export", f"--gin.MODEL_DIR='{c.model_dir}'", f"--output={c.path()}"],
+         "is a directory: name the .npy file to write"),
+    Case("export_damaged_checkpoint_path", lambda c: [
+        "export", f"--gin.MODEL_DIR='{c.model_dir}'",
+        f"--gin.CHECKPOINT_PATH='{_damaged(c.model_dir, 2)}'"],
+         "cannot read the checkpoint"),
     # --- MODEL_DIR ---
     Case("model_dir_is_a_file", lambda c: train(c), "is a file", model_dir="file"),
     Case("model_dir_read_only", lambda c: train(c), "is not writable", model_dir="read_only"),

@@ -55,6 +55,11 @@ def test_4x2_mesh_equals_one_device(reference, reference64, tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:]
   assert "training steps 0 -> 5" in proc.stdout
   assert_same_training(d, reference, reference64, 5, "4 x 2 mesh")
+  # Read back on 1 device (export on another machine): not the 8 devices' saved shardings.
+  proc = common.cli_subprocess(["export", f"--gin.MODEL_DIR='{d}'"], devices=1)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  np.testing.assert_array_equal(np.load(os.path.join(d, "export", "prompt_step5.npy")),
+                                common.prompt_at(d, 5))
 
 
 def test_batch_not_divisible_by_data_parallel_size(tmp_path):

@@ -131,6 +131,27 @@ def test_export_folds_dpt_and_the_folded_prompt_evaluates_the_same(dpt_run):
   np.testing.assert_array_equal(np.load(mine), exported)
 
 
+def test_checkpoint_paths_name_their_step_and_outputs_never_collide(dpt_run, tmp_path):
+  """CHECKPOINT_PATH of t5x's `checkpoint_<N>` names step N; one with no step in its name gets
+  its own output name; another run's checkpoint never takes this run's .npy exports."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  model_dir, _ = dpt_run
+  ours = run_dir.resolve(model_dir, os.path.join(model_dir, "checkpoints", "2"))
+  assert ours.step == 2 and ours.numpy_dir and ours.label == "step2"
+  t5x_like = tmp_path / "checkpoint_2"
+  shutil.copytree(os.path.join(model_dir, "checkpoints", "2"), t5x_like)
+  theirs = run_dir.resolve(model_dir, str(t5x_like))
+  assert theirs.step == 2 and theirs.numpy_dir is None and theirs.label == "step2"
+  named = tmp_path / "best run"
+  shutil.copytree(t5x_like, named)
+  assert run_dir.resolve(model_dir, str(named)).label == "best_run"
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--gin.CHECKPOINT_PATH='{named}'"])
+  assert code == 0, err
+  assert out.splitlines()[-1].endswith(os.path.join(model_dir, "export", "prompt_best_run.npy"))
+  assert "note:" not in out  # export reads CHECKPOINT_PATH itself
+
+
 # ===== export's fold table, without training =====
 
 CONFIG = get_config("t5_1_1_small", emb_dim=64, num_heads=4, head_dim=16, mlp_dim=128,

@@ -208,18 +208,18 @@ def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, 
                                                "--gin.prompt_jax.train.eval_steps=1"))
   assert code == 0, err
   assert not np.array_equal(common.prompt_at(model_dir, 2), np.load(start))  # it trained
+  eval_dir = os.path.join(model_dir, "eval")
 
   def evaluated(*extra):
+    """(the JSON record eval wrote, stdout); each eval must add a file, overwriting none."""
+    before = set(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else set()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
       code, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", *extra])
     assert code == 0, err
-    found = sorted(os.listdir(os.path.join(model_dir, "eval")))
-    assert len(found) == 1, found
-    path = os.path.join(model_dir, "eval", found[0])
-    record = json.loads(open(path).read())
-    os.remove(path)
-    return record, out.getvalue()
+    added = set(os.listdir(eval_dir)) - before
+    assert len(added) == 1, (before, added)
+    return json.loads(open(os.path.join(eval_dir, added.pop())).read()), out.getvalue()
 
   record, out = evaluated()
   assert record["checkpoint"] == os.path.join(model_dir, "checkpoints", "2"), record
@@ -227,6 +227,10 @@ def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, 
   assert "uses the run's trained checkpoint" in out
   record, _ = evaluated(f"--gin.PROMPT_FILE='{start}'")
   assert record["prompt_file"] == start and record["checkpoint"] is None, record
+  # Another file of the same name (every run's .npy export has it) is a result of its own.
+  other = f"{model_dir}/numpy_checkpoints/checkpoint_2/{common.PROMPT_NPY}"
+  record, _ = evaluated(f"--gin.PROMPT_FILE='{other}'")
+  assert record["prompt_file"] == other, record
 
 
 def test_greedy_decoding_predictions(trained):
