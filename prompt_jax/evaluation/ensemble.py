@@ -23,6 +23,8 @@ Combination (Lester et al. 2021, Section 7):
 Outputs: MODEL_DIR/ensemble/<task>.json and .md (each prompt's metrics, their mean and best, the
 ensemble's) and <task>-predictions.jsonl (each example's per-prompt and ensemble outputs; for
 label tasks each prompt's summed log-likelihood of every label, to combine them other ways).
+A prompt may have any name (`targets`, `majority_vote`, ...): its outputs are only ever under its
+name inside `prompts` / `predictions` / `label_log_likelihood`, never beside the ensemble's keys.
 Metrics are the task's own (seqio.Evaluator), computed on each prompt's predictions: a prompt's
 row equals `prompt-jax eval` of that prompt alone up to float32 rounding (the batched program
 has other shapes, so an answer can differ only where two labels' scores are within rounding).
@@ -181,10 +183,27 @@ class Member:
 def load_member(name: str, path: str, config, vocabulary) -> Member:
   """A prompt file or trained MODEL_DIR as a bank entry, or as its own module."""
   if os.path.isfile(path):
+    export = "export the prompt with `prompt-jax export --format=npy`"
+    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
     try:
-      array = np.load(path)
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"prompt {name!r}: {path} is not a .npy array ({e})") from e
+      with open(path, "rb") as f:
+        magic = f.read(6)
+    except OSError as e:
+      raise ConfigError(f"prompt {name!r}: {path} cannot be read "
+                        f"({layering.first_line(e)})") from e
+    if magic.startswith(b"PK\x03\x04"):  # np.savez: a zip of arrays
+      raise ConfigError(f"prompt {name!r}: {path} is an .npz archive, not a .npy prompt [P, H]; "
+                        f"{export}")
+    if magic != b"\x93NUMPY":
+      raise ConfigError(f"prompt {name!r}: {path} is not a .npy array file; {export}")
+    try:
+      array = np.load(path)  # allow_pickle=False: an object array is refused, not unpickled
+    except (OSError, ValueError, EOFError) as e:
+      raise ConfigError(f"prompt {name!r}: {path} is not a readable .npy array "
+                        f"({layering.first_line(e)}); {export}") from e
+    if array.dtype.kind not in "fiu":
+      raise ConfigError(f"prompt {name!r}: {path} holds {array.dtype} values; a prompt file is "
+                        f"a float array [P, H] ({export})")
     if array.ndim == 4:
       raise ConfigError(f"prompt {name!r}: {path} is a deep prefix {list(array.shape)}; give "
                         f"its MODEL_DIR instead (a prefix needs its layers' module)")
@@ -411,7 +430,11 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
   label_ids = inference.label_tokens(labels, vocabulary) if labels else None
   max_decode_length = dataset_cfg.task_feature_lengths["targets"]
   inputs_vocab = task.output_features["inputs"].vocabulary
+  # The examples (indices, inputs, targets, scores, texts) and the answers [example] of each
+  # prompt and each combination, in their own mappings: a prompt may be named anything, e.g.
+  # `targets` or `majority_vote`, without touching the examples or the ensemble's answers.
   cache: Dict[str, Any] = {}
+  answers: Dict[str, Dict[str, List[Any]]] = {"prompt": {}, "ensemble": {}}
 
   def compute(ds):
     examples = list(ds.as_numpy_iterator())
@@ -429,35 +452,37 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
       cache["scores"] = scores
       per_prompt = [[inference.until_eos(label_ids[c]) for c in row]
                     for row in np.argmax(scores, -1)]
-      cache[MEAN_LL] = [inference.until_eos(label_ids[c]) for c in mean_log_likelihood(scores)]
+      answers["ensemble"][MEAN_LL] = [inference.until_eos(label_ids[c])
+                                      for c in mean_log_likelihood(scores)]
     else:
       per_prompt = [[inference.until_eos(r) for r in row] for row in out["tokens"]]
     for i, name in enumerate(server.names):
-      cache[name] = [row[i] for row in per_prompt]
+      answers["prompt"][name] = [row[i] for row in per_prompt]
     texts = [[vocabulary.decode(t) for t in row] for row in per_prompt]
     cache["texts"] = texts
     votes = majority_vote(texts)
-    cache[VOTE] = [per_prompt[e][n] for e, (_, n) in enumerate(votes)]
+    answers["ensemble"][VOTE] = [per_prompt[e][n] for e, (_, n) in enumerate(votes)]
 
-  def predictor(key):
+  def predictor(kind, key):
     def predict_fn(ds):
       if not cache:
         compute(ds)
-      return list(zip(cache["indices"], cache[key]))
+      return list(zip(cache["indices"], answers[kind][key]))
     return predict_fn
 
-  def metrics_of(key) -> Dict[str, float]:
+  def metrics_of(kind, key) -> Dict[str, float]:
+    """The task's metrics of answers[kind][key] (kind: 'prompt' or 'ensemble')."""
     result, _ = evaluator.evaluate(compute_metrics=jax.process_index() == 0, step=0,
-                                   predict_fn=predictor(key))
+                                   predict_fn=predictor(kind, key))
     if hasattr(result, "result"):
       result = result.result()
     return {k: inference._as_float(v)  # pylint: disable=protected-access
             for k, v in (result or {}).get(task.name, {}).items()}
 
-  per_prompt = {m.name: metrics_of(m.name) for m in members}
-  ensemble = {VOTE: metrics_of(VOTE)}
+  per_prompt = {m.name: metrics_of("prompt", m.name) for m in members}
+  ensemble = {VOTE: metrics_of("ensemble", VOTE)}
   if labels:
-    ensemble[MEAN_LL] = metrics_of(MEAN_LL)
+    ensemble[MEAN_LL] = metrics_of("ensemble", MEAN_LL)
   mean, best = _metric_summary(per_prompt)
   report = {"task": task.name, "split": dataset_cfg.split,
             "num_examples": len(cache.get("indices", [])),
@@ -475,9 +500,9 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
     for e, index in enumerate(cache.get("indices", [])):
       row = {"index": int(index), "inputs": cache["inputs"][e], "targets": cache["targets"][e],
              "predictions": dict(zip(server.names, cache["texts"][e])),
-             VOTE: vocabulary.decode(cache[VOTE][e])}
+             VOTE: vocabulary.decode(answers["ensemble"][VOTE][e])}
       if labels:
-        row[MEAN_LL] = vocabulary.decode(cache[MEAN_LL][e])
+        row[MEAN_LL] = vocabulary.decode(answers["ensemble"][MEAN_LL][e])
         row["label_log_likelihood"] = {
             name: {l: float(s) for l, s in zip(labels, cache["scores"][e, i])}
             for i, name in enumerate(server.names)}

@@ -161,6 +161,38 @@ def test_bank_infer_serves_each_example_its_named_prompt(prompt_files, tmp_path,
                                near_ties(rows, ensembled64, "p2"), what="bank vs ensemble")
 
 
+@pytest.mark.parametrize("names", [("indices", "targets", "mean_log_likelihood"),
+                                   ("majority_vote", "texts", "scores")])
+def test_prompt_names_never_collide_with_the_ensembles_own_keys(names, ensembled, prompt_files,
+                                                                tmp_path):
+  """Prompts named like the examples' fields (`indices`, `targets`, ...) or the combinations
+  (`majority_vote`, `mean_log_likelihood`) give exactly the outputs of the same prompts under
+  other names (the same program, the `ensembled` run's): only the names change."""
+  model_dir, _ = ensembled
+  renamed = dict(zip(names, prompt_files.values()))
+  out, rows = ensemble_rows(renamed, str(tmp_path / "renamed"))
+  rows0 = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
+                                                     f"{TASK}-predictions.jsonl"))]
+  report0 = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
+  report = json.load(open(tmp_path / "renamed" / "ensemble" / f"{TASK}.json"))
+  assert report["ensemble"] == report0["ensemble"]
+  assert [p["name"] for p in report["prompts"]] == list(names)
+  assert [p["metrics"] for p in report["prompts"]] == [p["metrics"] for p in report0["prompts"]]
+  assert report["mean"] == report0["mean"]
+  old = dict(zip(prompt_files, names))
+  rename = lambda d: {old[k]: v for k, v in d.items()}
+  assert len(rows) == len(rows0) == 256
+  for row, row0 in zip(rows, rows0):
+    for key in ("index", "inputs", "targets", ensemble.VOTE, ensemble.MEAN_LL,
+                "mean_label_log_likelihood"):
+      assert row[key] == row0[key], (key, row[key], row0[key])
+    assert row["predictions"] == rename(row0["predictions"])
+    assert row["label_log_likelihood"] == rename(row0["label_log_likelihood"])
+  assert isinstance(rows[0]["targets"], str)
+  final = lambda text: [l for l in text.splitlines() if l.startswith("final metrics:")]
+  assert final(out) == final(ensembled[1])
+
+
 def test_majority_vote_and_mean_likelihood_on_crafted_cases():
   votes = ensemble.majority_vote([
       ["a", "b", "b"],          # plain majority
@@ -176,13 +208,25 @@ def test_majority_vote_and_mean_likelihood_on_crafted_cases():
   np.testing.assert_array_equal(ensemble.mean_log_likelihood(scores), [1, 0, 0])
 
 
-@pytest.mark.parametrize("case", ["n0", "missing", "width", "unknown_name", "bad_shape"])
+@pytest.mark.parametrize("case", ["n0", "missing", "width", "unknown_name", "bad_shape", "npz",
+                                  "npz_bank", "not_npy", "strings", "truncated"])
 def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path):
   model_dir = tmp_path / "out"
   wide = str(tmp_path / "wide.npy")
   np.save(wide, np.zeros((4, EMB + 2), np.float32))
   cube = str(tmp_path / "cube.npy")
   np.save(cube, np.zeros((2, 3, 4), np.float32))
+  npz = str(tmp_path / "prompt.npz")
+  np.savez(npz, prompt=np.zeros((4, EMB), np.float32))
+  text = str(tmp_path / "text.npy")
+  with open(text, "w") as f:
+    f.write("0.1 0.2\n")
+  strings = str(tmp_path / "strings.npy")
+  np.save(strings, np.full((4, EMB), "a"))
+  truncated = str(tmp_path / "truncated.npy")
+  with open(prompt_files["p0"], "rb") as f, open(truncated, "wb") as g:
+    g.write(f.read()[:100])
+  export = "export the prompt with `prompt-jax export --format=npy`"
   command, flag, expected = {
       "n0": ("ensemble-eval", "--gin.ENSEMBLE_PROMPTS=[]", "names no prompt (N = 0)"),
       "missing": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', "
@@ -192,6 +236,16 @@ def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path)
       "unknown_name": ("infer", f"--gin.PROMPT_BANK={{'other': '{prompt_files['p0']}'}}",
                        f"names prompt '{TASK}', which is not in PROMPT_BANK"),
       "bad_shape": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{cube}']", "[2, 3, 4]"),
+      "npz": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', '{npz}']",
+              f"{npz} is an .npz archive, not a .npy prompt [P, H]; {export}"),
+      "npz_bank": ("infer", f"--gin.PROMPT_BANK={{'{TASK}': '{npz}'}}",
+                   f"{npz} is an .npz archive"),
+      "not_npy": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{text}']",
+                  f"{text} is not a .npy array file; {export}"),
+      "strings": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{strings}']",
+                  f"{strings} holds <U1 values; a prompt file is a float array [P, H]"),
+      "truncated": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{truncated}']",
+                    f"{truncated} is not a readable .npy array"),
   }[case]
   code, out, err = run_cli([command, f"--gin.MODEL_DIR='{model_dir}'", flag] + COMMON)
   assert code == 2, (out, err)
