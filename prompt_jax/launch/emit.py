@@ -72,7 +72,8 @@ def group_eval_commands(sweep: spec_lib.Sweep, jobs: Sequence[spec_lib.Job]) -> 
   `prompt-jax`: today one `prompt-jax eval` per trained prompt, on its final checkpoint.
   When `prompt-jax ensemble-eval` exists, return its one command for the group's prompts here.
   """
-  return [job.eval_args(sweep.eval_gin_files, sweep.eval_bindings) for job in jobs]
+  del sweep  # the eval overrides are each job's (the spec's `eval:`, ${axis} filled)
+  return [job.eval_args() for job in jobs]
 
 
 def _header(sweep: spec_lib.Sweep, target: str, what: str) -> List[str]:
@@ -101,11 +102,11 @@ def local_script(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[str
            '  echo "== $name" >&2',
            '  prompt-jax "$@" || failed+=("$name")', "}", ""]
   for job in sweep.jobs:
-    lines.append(f"job {job.name} {command_line(job.train_args())}")
+    lines.append(f"job {shell_quote(job.name)} {command_line(job.train_args())}")
   lines += ["", "# Evaluation, per sweep group (the seeds of one configuration)."]
   for group, jobs in sweep.groups().items():
     for i, args in enumerate(group_eval_commands(sweep, jobs)):
-      lines.append(f"job {group}/eval{i} {command_line(args)}")
+      lines.append(f"job {shell_quote(f'{group}/eval{i}')} {command_line(args)}")
   lines += ["", 'if ((${#failed[@]})); then echo "failed: ${failed[*]}" >&2; exit 1; fi',
             f'echo "sweep {sweep.name}: all jobs done; report: prompt-jax sweep report '
             f'{sweep.path}"']
@@ -134,11 +135,13 @@ def tpu_vm_script(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[st
            '    --worker=all --command="$SETUP && $cmd" </dev/null || failed+=("$name")',
            "}", ""]
   for job in sweep.jobs:
-    lines += [f"job {job.name} <<'CMD'", "prompt-jax " + command_line(job.train_args()), "CMD"]
+    lines += [f"job {shell_quote(job.name)} <<'CMD'",
+              "prompt-jax " + command_line(job.train_args()), "CMD"]
   lines += ["", "# Evaluation, per sweep group (the seeds of one configuration)."]
   for group, jobs in sweep.groups().items():
     for i, args in enumerate(group_eval_commands(sweep, jobs)):
-      lines += [f"job {group}/eval{i} <<'CMD'", "prompt-jax " + command_line(args), "CMD"]
+      lines += [f"job {shell_quote(f'{group}/eval{i}')} <<'CMD'",
+                "prompt-jax " + command_line(args), "CMD"]
   lines += ["", 'if ((${#failed[@]})); then echo "failed: ${failed[*]}" >&2; exit 1; fi',
             f'echo "sweep {sweep.name}: all jobs done"']
   return [_write(os.path.join(out_dir, "tpu_vm.sh"), lines)]
@@ -217,8 +220,10 @@ def emit(sweep: spec_lib.Sweep, target: str, opts: Options) -> List[str]:
   if target not in TARGETS:
     raise ConfigError(f"--target must be one of {', '.join(TARGETS)}, got {target!r}"
                       f"{spec_lib.did_you_mean(target, TARGETS)}")
-  out_dir = opts.out_dir or (os.path.join(sweep.root, "launch") if sweep.local
-                             else os.path.abspath(os.path.join("sweep_runs", sweep.name, "launch")))
+  # Absolute: submit.sh cds to its own directory and SLURM resolves --output from there.
+  out_dir = os.path.abspath(opts.out_dir or (
+      os.path.join(sweep.root, "launch") if sweep.local
+      else os.path.join("sweep_runs", sweep.name, "launch")))
   os.makedirs(out_dir, exist_ok=True)
   writer = {"tpu-vm": tpu_vm_script, "slurm": slurm_scripts, "local-script": local_script}
   return writer[target](sweep, opts, out_dir)

@@ -141,8 +141,10 @@ def _safe(text: str) -> str:
 
 
 def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mapping,
-           patterns: Sequence[str], out_dir: str) -> Optional[FigureData]:
-  """One design-decision figure (PNG + CSV of the plotted data); None without data."""
+           patterns: Sequence[str], out_dir: str,
+           used_stems: Optional[set] = None) -> Optional[FigureData]:
+  """One design-decision figure (PNG + CSV of the plotted data); None without data.
+  `used_stems`: the file names the report's other figures took (added to)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   axes = {a.name: a for a in sweep.axes}
@@ -202,7 +204,7 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
     ax.legend(title=", ".join(line_axes), fontsize=8)
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  stem = _safe(f"{x_axis.name}_by_{'_'.join(line_axes) or 'all'}")
+  stem = _stem(x_axis.name, line_axes, fig_spec, used_stems if used_stems is not None else set())
   path = os.path.join(out_dir, stem + ".png")
   fig.savefig(path, dpi=110)
   with open(os.path.join(out_dir, stem + ".csv"), "w", newline="") as f:
@@ -210,6 +212,19 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
     writer.writeheader()
     writer.writerows(rows)
   return FigureData(path, x_axis.name, lines_name, metric, rows)
+
+
+def _stem(x: str, line_axes: Sequence[str], fig_spec: Mapping, used: set) -> str:
+  """`<x>_by_<lines>[_<metric>][_best]`, numbered from _2 if another figure has it: two figures
+  of the same axes must not overwrite each other's PNG and CSV."""
+  stem = _safe(f"{x}_by_{'_'.join(line_axes) or 'all'}"
+               + (f"_{fig_spec['metric']}" if fig_spec.get("metric") else "")
+               + ("_best" if fig_spec.get("value") == "best" else ""))
+  base, n = stem, 2
+  while stem in used:
+    stem, n = f"{base}_{n}", n + 1
+  used.add(stem)
+  return stem
 
 
 def _line_order(sweep: spec_lib.Sweep, line_axes: Sequence[str]) -> Dict[str, int]:
@@ -276,9 +291,9 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
     writer.writerows(rows)
   os.replace(csv_path + ".tmp", csv_path)
 
-  figs = []
+  figs, stems = [], set()
   for fig_spec in sweep.report.get("figures") or default_figures(sweep):
-    data = figure(sweep, results, fig_spec, patterns, out_dir)
+    data = figure(sweep, results, fig_spec, patterns, out_dir, stems)
     if data is not None:
       figs.append(data)
 

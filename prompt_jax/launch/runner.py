@@ -3,10 +3,17 @@
 Each job runs the exact command `sweep plan` prints (`prompt-jax` as found on PATH, else this
 interpreter's `python -m prompt_jax`), its output appended to <root>/logs/<job>.log, so one job's
 crash never stops the others. <root>/sweep_status.json records every job's state (pending,
-running, done, failed + the error line), rewritten atomically after each change. Re-running the
-same command skips done jobs, resumes interrupted ones (the trainer restarts from
-MODEL_DIR/checkpoints) and leaves failed ones alone unless --retry_failed. A lock file stops two
-runners from sharing a root.
+running, done, failed + the error line, and the command each job last ran), rewritten
+atomically after each change. Re-running skips done jobs, resumes interrupted and preempted ones
+(the trainer restarts from MODEL_DIR/checkpoints) and leaves failed ones alone unless
+--retry_failed. A done or failed job whose command changed since it ran (e.g. a larger
+--gin.TRAIN_STEPS) runs again: as `t5x.train` on the same MODEL_DIR, the trainer resumes from its
+checkpoint and continues under the new command. A lock file stops two runners from sharing a root.
+
+Stopping the runner (Ctrl-C, SIGTERM) sends SIGTERM to its jobs, which is what makes the trainer
+save a checkpoint before it exits (143); a job that has not ended `stop_timeout` seconds later is
+killed. The jobs ignore SIGINT, so a terminal's Ctrl-C (sent to the whole process group) reaches
+them only as the runner's SIGTERM.
 """
 import fcntl
 import json
@@ -27,6 +34,8 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 STATUS_FILE = "sweep_status.json"
 LOCK_FILE = ".sweep.lock"
 POLL_SECONDS = 0.5
+STOP_TIMEOUT = 300.0  # seconds a stopped job has to save its checkpoint before it is killed
+PREEMPTED_CODES = (143, -signal.SIGTERM)  # the trainer saved a checkpoint and stopped
 
 
 def status_path(root: str) -> str:
@@ -101,6 +110,15 @@ def _check_not_running(job: spec_lib.Job, pid) -> None:
                       f"wait for it to end or stop it, then run again")
 
 
+def _command(job: spec_lib.Job) -> List[str]:
+  return ["prompt-jax"] + job.train_args()
+
+
+def command_changed(entry: Dict, job: spec_lib.Job) -> bool:
+  """A done or failed job last ran another command (`run` runs it again: it resumes)."""
+  return entry.get("state") in (DONE, FAILED) and entry.get("command") not in (None, _command(job))
+
+
 def _raise_interrupt(*unused):
   raise KeyboardInterrupt
 
@@ -127,40 +145,61 @@ class _Lock:
     self.file.close()
 
 
+def _ignore_sigint() -> None:
+  """In a job before it execs: Ctrl-C in a terminal signals the whole process group, and a
+  trainer stopped by SIGINT exits without saving; the runner's SIGTERM stops it with a save."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run(sweep: spec_lib.Sweep, parallel: int = 1, retry_failed: bool = False,
-        out: TextIO = sys.stdout) -> int:
-  """Runs the sweep's pending jobs, `parallel` at a time; 0 if every job is done, else 1."""
+        out: TextIO = sys.stdout, stop_timeout: float = STOP_TIMEOUT) -> int:
+  """Runs the sweep's pending jobs, `parallel` at a time; 0 if every job is done, else 1 (130
+  when stopped). `stop_timeout`: seconds a stopped job has to save before it is killed."""
   if not sweep.local:
     raise ConfigError(f"sweep run needs a local root, got {sweep.root}: use `prompt-jax sweep "
                       f"emit --target=tpu-vm|slurm` for remote storage")
   if parallel < 1:
     raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+  if not stop_timeout >= 0:
+    raise ConfigError(f"--stop_timeout must be >= 0 seconds, got {stop_timeout}")
   root = sweep.root
   os.makedirs(os.path.join(root, "logs"), exist_ok=True)
   with _Lock(root):
-    return _Runner(sweep, parallel, retry_failed, out).run()
+    return _Runner(sweep, parallel, retry_failed, out, stop_timeout).run()
 
 
 class _Runner:
   """A poll loop over at most `parallel` child processes (no threads)."""
 
-  def __init__(self, sweep: spec_lib.Sweep, parallel: int, retry_failed: bool, out: TextIO):
+  def __init__(self, sweep: spec_lib.Sweep, parallel: int, retry_failed: bool, out: TextIO,
+               stop_timeout: float = STOP_TIMEOUT):
     self.sweep, self.parallel, self.out = sweep, parallel, out
+    self.stop_timeout = stop_timeout
     self.root = sweep.root
     self.status = read_status(self.root)
     self.status.update({"sweep": sweep.name, "spec": sweep.path, "root": self.root})
     entries = self.status.setdefault("jobs", {})
-    self.resumed: List[str] = []
+    self.notes: Dict[str, str] = {}  # job name -> why it starts again ("resuming", ...)
     for job in sweep.jobs:
       entry = entries.setdefault(job.name, {"state": PENDING, "attempts": 0})
       entry.update({"model_dir": job.model_dir, "log": log_path(self.root, job),
-                    "command": ["prompt-jax"] + job.train_args(), "group": job.group})
+                    "group": job.group})
+      command = _command(job)
       if entry["state"] == RUNNING:  # its runner died (we hold the lock): resume it
         _check_not_running(job, entry.get("pid"))
         entry["state"] = PENDING
-        self.resumed.append(job.name)
+        self.notes[job.name] = "resuming"
+      elif entry["state"] == PENDING and entry.get("attempts"):
+        self.notes[job.name] = "resuming"  # interrupted or preempted
+      elif command_changed(entry, job):
+        # It ran (or failed) under another command: run the new one, which resumes from the
+        # job's checkpoint (more TRAIN_STEPS continue training) as `t5x.train` would.
+        entry.update({"state": PENDING, "error": None})
+        self.notes[job.name] = "command changed: resuming"
       if entry["state"] == FAILED and retry_failed:
         entry["state"] = PENDING
+      if entry["state"] == PENDING:
+        entry["command"] = command
     self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
     self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
     self.durations: List[float] = []
@@ -194,12 +233,14 @@ class _Runner:
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     start = f.tell()
-    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    entry.update({"state": RUNNING, "started": time.time(), "pid": proc.pid, "error": None})
+    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=_ignore_sigint)
+    entry.update({"state": RUNNING, "started": time.time(), "pid": proc.pid, "error": None,
+                  "command": _command(job)})
     write_status(self.root, self.status)
     self.running[job.name] = (job, proc, f, start, time.time())
     n = self.sweep.jobs.index(job) + 1
-    note = " (resuming)" if job.name in self.resumed else ""
+    note = f" ({self.notes[job.name]})" if job.name in self.notes else ""
     self._print(f"[{n}/{len(self.sweep.jobs)}] start {job.name}{note}  log: {log}")
 
   def _finish(self, name: str, returncode: int) -> None:
@@ -212,29 +253,57 @@ class _Runner:
     if returncode == 0:
       entry["state"] = DONE
       self.durations.append(seconds)
+    elif returncode in PREEMPTED_CODES:  # checkpoint saved: the next `sweep run` resumes it
+      entry["state"] = PENDING
+      entry["error"] = "preempted: " + error_line(f.name, start, returncode)
+      self.notes[job.name] = "resuming"
     else:
       entry["state"] = FAILED
       entry["error"] = error_line(f.name, start, returncode)
     write_status(self.root, self.status)
     c = self._counts()
-    verb = "done  " if returncode == 0 else "FAILED"
+    verb = {DONE: "done  ", PENDING: "preempted", FAILED: "FAILED"}[entry["state"]]
     took = console.clock_text(seconds)
     self._print(f"[{self.sweep.jobs.index(job) + 1}/{len(self.sweep.jobs)}] {verb} {job.name} "
                 f"in {took}" + ("" if returncode == 0 else f": {entry['error']}")
                 + f" | {c[DONE]} done, {c[FAILED]} failed, {len(self.queue) + len(self.running)}"
                 f" left, ETA {self._eta()}")
 
-  def _stop_children(self, sig: int) -> None:
-    for _, proc, _, _, _ in self.running.values():
+  def _stop_children(self) -> None:
+    """SIGTERM (the trainer saves a checkpoint, then exits), SIGKILL after stop_timeout seconds
+    or at a second Ctrl-C / SIGTERM."""
+    procs = [proc for _, proc, _, _, _ in self.running.values() if proc.poll() is None]
+    deadline = time.time() + self.stop_timeout
+    try:
+      for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+      if procs:
+        self._print(f"stopping {len(procs)} running job(s): SIGTERM, waiting up to "
+                    f"{self.stop_timeout:g}s for their checkpoints (Ctrl-C again kills them)")
+      for proc in procs:
+        try:
+          proc.wait(timeout=max(deadline - time.time(), 0.01))
+        except subprocess.TimeoutExpired:
+          pass
+    except KeyboardInterrupt:
+      pass
+    for proc in procs:
       if proc.poll() is None:
-        proc.send_signal(sig)
-    deadline = time.time() + 30
-    for _, proc, _, _, _ in self.running.values():
-      try:
-        proc.wait(timeout=max(deadline - time.time(), 0.1))
-      except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+  def _stopped(self) -> None:
+    """After _stop_children: a job that ended on its own keeps its outcome, the others (saved or
+    killed) are pending, to resume at the next run."""
+    for name, (job, proc, f, start, _) in list(self.running.items()):
+      if proc.returncode == 0:
+        self._finish(name, 0)
+        continue
+      self.running.pop(name)
+      f.close()
+      why = error_line(f.name, start, proc.returncode)
+      self._entry(job).update({"state": PENDING, "pid": None, "error": f"interrupted: {why}"})
+    write_status(self.root, self.status)
 
   def run(self) -> int:
     c = self._counts()
@@ -254,12 +323,8 @@ class _Runner:
             self._finish(name, proc.returncode)
     except KeyboardInterrupt:
       self.interrupted = True
-      self._stop_children(signal.SIGINT)
-      for job, _, f, _, _ in self.running.values():
-        f.close()
-        self._entry(job).update({"state": PENDING, "pid": None, "error": "interrupted"})
-      self.running.clear()
-      write_status(self.root, self.status)
+      self._stop_children()
+      self._stopped()
     finally:
       signal.signal(signal.SIGTERM, previous)
     c = self._counts()
@@ -272,6 +337,9 @@ class _Runner:
                   f"command to resume. {where}")
       return 130
     failed = [j.name for j in self.sweep.jobs if self._entry(j)["state"] == FAILED]
+    if c[PENDING]:
+      self._print(f"{c[PENDING]} job(s) preempted: run the same command to resume them from "
+                  f"their checkpoints")
     if failed:
       self._print(f"failed: {', '.join(failed)} (see their logs under {self.root}/logs; "
                   f"--retry_failed reruns them)")

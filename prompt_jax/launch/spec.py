@@ -20,16 +20,20 @@
   report: {metric: "inference_eval/*/accuracy", figures: [{x: model, lines: PROMPT_LENGTH}]}
 
 Axes combine by product (zip groups count as one axis); seeds vary slowest, so every
-configuration's seed 0 runs before any seed 1. `${axis}` in a binding value or gin file is the
-job's label on that axis (e.g. a checkpoint path per model size).
+configuration's seed 0 runs before any seed 1. `${axis}` in a binding value or gin file (base,
+axis or `eval:`) is the job's label on that axis (e.g. a checkpoint path per model size).
 
-A job's name is `<axis>-<label>__...__seed-<s>` and its MODEL_DIR `<root>/<name>`; its command is
+A job's name is `<axis>-<label>__...__seed-<s>` and its MODEL_DIR `<root>/<name>` (an axis name
+such as `train/prompt_jax.DatasetConfig.x` appears path-safe: `train-prompt_jax.DatasetConfig.x`;
+a binding value's label keeps its sign: `-0.5`); its command is
 `prompt-jax train --gin_file=<base files> --gin_file=<axis files> --gin.<base bindings>
 --gin.<command-line overrides> --gin.<axis bindings> --gin.RANDOM_SEED=<s> --gin.MODEL_DIR=<dir>`.
-Packaged gin files stay relative (the cluster's install finds them); your own become absolute.
+Packaged gin files stay relative (the cluster's install finds them); your own, and local
+gin_search_paths, become absolute (emitted scripts run from other directories).
 """
 import dataclasses
 import difflib
+import math
 import os
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -73,6 +77,8 @@ class Job:
   bindings: Tuple[Tuple[str, str], ...]  # (name, gin text), in order; ends with MODEL_DIR
   search_paths: Tuple[str, ...] = ()
   train_steps: Optional[int] = None      # known after `validate_gin`
+  eval_gin_files: Tuple[str, ...] = ()   # the spec's `eval:` overrides, ${axis} filled
+  eval_bindings: Tuple[Tuple[str, str], ...] = ()
 
   def _flags(self, gin_files: Sequence[str], bindings: Sequence[Tuple[str, str]]) -> List[str]:
     out = [f"--gin_file={f}" for f in gin_files]
@@ -84,12 +90,17 @@ class Job:
     """Arguments after `prompt-jax`: `train --gin_file=... --gin.X=...`."""
     return ["train"] + self._flags(self.gin_files, self.bindings)
 
-  def eval_config(self, extra_gin_files: Sequence[str] = (),
-                  extra_bindings: Sequence[Tuple[str, str]] = ()
+  def eval_config(self, extra_gin_files: Optional[Sequence[str]] = None,
+                  extra_bindings: Optional[Sequence[Tuple[str, str]]] = None
                   ) -> Tuple[List[str], List[Tuple[str, str]]]:
     """(gin files, bindings) of `prompt-jax eval` on this job's final checkpoint, results under
     MODEL_DIR/eval. runs/prompt_eval.gin comes first so that the job's own files keep their
-    values (packaged run files are parsed in command-line order)."""
+    values (packaged run files are parsed in command-line order). The extras default to the
+    spec's `eval:` section for this job."""
+    if extra_gin_files is None:
+      extra_gin_files = self.eval_gin_files
+    if extra_bindings is None:
+      extra_bindings = self.eval_bindings
     step = self.train_steps if self.train_steps is not None else "<TRAIN_STEPS>"
     bindings = [(k, v) for k, v in self.bindings if k != "MODEL_DIR"] + [
         ("MODEL_DIR", gin_string(join(self.model_dir, "eval"))),
@@ -97,8 +108,8 @@ class Job:
     ] + list(extra_bindings)
     return ["runs/prompt_eval.gin", *self.gin_files, *extra_gin_files], bindings
 
-  def eval_args(self, extra_gin_files: Sequence[str] = (),
-                extra_bindings: Sequence[Tuple[str, str]] = ()) -> List[str]:
+  def eval_args(self, extra_gin_files: Optional[Sequence[str]] = None,
+                extra_bindings: Optional[Sequence[Tuple[str, str]]] = None) -> List[str]:
     """Arguments after `prompt-jax`: `eval --gin_file=... --gin.X=...` (see eval_config)."""
     return ["eval"] + self._flags(*self.eval_config(extra_gin_files, extra_bindings))
 
@@ -112,8 +123,8 @@ class Sweep:
   zip_groups: Tuple[Tuple[str, ...], ...]
   seeds: Tuple[int, ...]
   jobs: List[Job]
-  eval_gin_files: Tuple[str, ...] = ()
-  eval_bindings: Tuple[Tuple[str, str], ...] = ()
+  eval_gin_files: Tuple[str, ...] = ()        # the spec's `eval:` as written; each job has its
+  eval_bindings: Tuple[Tuple[str, str], ...] = ()  # own, ${axis} filled (Job.eval_*)
   report: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   binding_sources: Dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -170,9 +181,21 @@ def did_you_mean(name: str, candidates: Sequence[str]) -> str:
   return f"; did you mean {match[0]}?" if match else ""
 
 
+def path_safe(text: str) -> str:
+  """`text` as one path component: runs of other characters than letters, digits, . _ + - become
+  one '-' (job names are directory names and words in emitted shell scripts)."""
+  return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-")
+
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _label(value: Any) -> str:
-  """A readable, path-safe label for a binding value: 20 -> '20', "'gs://b/x/ckpt_1'" -> 'x-ckpt_1'."""
+  """A readable, path-safe label for a binding value: 20 -> '20', -0.5 -> '-0.5' (a number keeps
+  its sign, else -0.5 and 0.5 would share a MODEL_DIR), "'gs://b/x/ckpt_1'" -> 'x-ckpt_1'."""
   text = gin_text(value, "value").strip().strip("'\"")
+  if _NUMBER.fullmatch(text):
+    return text[:48]
   if "/" in text:
     text = "-".join([p for p in text.rstrip("/").split("/") if p][-2:])
   text = re.sub(r"[^A-Za-z0-9._+-]+", "-", text)
@@ -319,8 +342,9 @@ def _axis(name: str, value: Any) -> Axis:
     files = list(value["gin_file"])
     if not files:
       raise ConfigError(f"{where} is empty: give it at least one gin file")
-    return Axis(name, tuple(
-        Choice(os.path.splitext(os.path.basename(str(f)))[0], (str(f),), ()) for f in files))
+    return Axis(name, tuple(  # labels: the files' names, path-safe ('my init.gin' -> my-init)
+        Choice(path_safe(os.path.splitext(os.path.basename(str(f)))[0]) or "file", (str(f),), ())
+        for f in files))
   if isinstance(value, dict):  # a choice axis: label -> overrides
     choices = []
     for label, overrides in value.items():
@@ -355,9 +379,10 @@ def build(spec: str, root: Optional[str] = None,
   root = str(root)
   if not is_remote(root):
     root = os.path.abspath(os.path.expanduser(root))
-  search_paths = tuple(str(p) for p in _as_list(data.get("gin_search_paths"), "gin_search_paths"))
-  base_files = [resolve_gin_file(str(f), spec_dir, search_paths, "gin_files")
-                for f in _as_list(data.get("gin_files"), "gin_files")]
+  search_paths = tuple(
+      str(p) if is_remote(str(p)) else os.path.abspath(os.path.expanduser(str(p)))
+      for p in _as_list(data.get("gin_search_paths"), "gin_search_paths"))
+  base_files = [str(f) for f in _as_list(data.get("gin_files"), "gin_files")]  # per job: ${axis}
   base_bindings = _bindings(data.get("bindings"), "bindings")
   sources = {k: "bindings" for k, _ in base_bindings}
   for k, _ in overrides:
@@ -370,6 +395,15 @@ def build(spec: str, root: Optional[str] = None,
     raise ConfigError(f"axes: expected a mapping axis name -> values, got {axes_data!r}")
   axes = tuple(_axis(str(n), v) for n, v in axes_data.items())
   by_name = {a.name: a for a in axes}
+  safe_names: Dict[str, str] = {}
+  for axis in axes:
+    safe = path_safe(axis.name)
+    if not safe:
+      raise ConfigError(f"axis {axis.name!r}: an axis name needs a letter or digit")
+    if safe in safe_names:
+      raise ConfigError(f"axes {safe_names[safe]!r} and {axis.name!r} both appear as {safe!r} in "
+                        f"job names: rename one")
+    safe_names[safe] = axis.name
   for axis in axes:
     for choice in axis.choices:
       for k, _ in choice.bindings:
@@ -421,8 +455,7 @@ def build(spec: str, root: Optional[str] = None,
   eval_data = data.get("eval") or {}
   if not isinstance(eval_data, dict) or set(eval_data) - {"gin_files", "bindings"}:
     raise ConfigError("eval: expected a mapping with gin_files and/or bindings")
-  eval_files = tuple(resolve_gin_file(str(f), spec_dir, search_paths, "eval.gin_files")
-                     for f in _as_list(eval_data.get("gin_files"), "eval.gin_files"))
+  eval_files = tuple(str(f) for f in _as_list(eval_data.get("gin_files"), "eval.gin_files"))
   eval_bindings = tuple((k, gin_text(v, f"eval.bindings.{k}"))
                         for k, v in _bindings(eval_data.get("bindings"), "eval.bindings"))
 
@@ -432,10 +465,11 @@ def build(spec: str, root: Optional[str] = None,
       picked = [(a, by_name[a].choices[i]) for a, i in sorted(
           combo, key=lambda ai: [x.name for x in axes].index(ai[0]))]
       labels = {a: c.label for a, c in picked}
-      parts = [f"{a}-{c.label}" for a, c in picked]
+      parts = [f"{path_safe(a)}-{c.label}" for a, c in picked]
       group = "__".join(parts) or name
       job_name = "__".join(parts + ([f"seed-{seed}"] if seed is not None else [])) or name
-      files = list(base_files)
+      files = [resolve_gin_file(fill(f, labels, "gin_files"), spec_dir, search_paths, "gin_files")
+               for f in base_files]
       bindings = [(k, gin_text(v, f"bindings.{k}")) for k, v in base_bindings]
       bindings += list(overrides)
       for a, c in picked:
@@ -448,8 +482,14 @@ def build(spec: str, root: Optional[str] = None,
         bindings.append((SEED_MACRO, str(seed)))
       model_dir = join(root, job_name)
       bindings.append(("MODEL_DIR", gin_string(model_dir)))
+      job_eval_files = tuple(
+          resolve_gin_file(fill(f, labels, "eval.gin_files"), spec_dir, search_paths,
+                           "eval.gin_files") for f in eval_files)
+      job_eval_bindings = tuple((k, fill(v, labels, f"eval.bindings.{k}"))
+                                for k, v in eval_bindings)
       jobs.append(Job(job_name, group, model_dir, labels, seed, tuple(files), tuple(bindings),
-                      search_paths))
+                      search_paths, eval_gin_files=job_eval_files,
+                      eval_bindings=job_eval_bindings))
 
   dirs: Dict[str, Job] = {}
   for job in jobs:
@@ -471,7 +511,7 @@ def _report(report: Any, axes: Mapping[str, Axis]) -> Dict[str, Any]:
   report = report or {}
   if not isinstance(report, dict) or set(report) - {"metric", "figures"}:
     raise ConfigError(f"report: expected a mapping with metric and/or figures, got {report!r}")
-  if "metric" in report and not isinstance(report["metric"], str):
+  if "metric" in report and not (isinstance(report["metric"], str) and report["metric"]):
     raise ConfigError(f"report.metric: expected a metric name or pattern, got "
                       f"{report['metric']!r}")
   for i, fig in enumerate(_as_list(report.get("figures"), "report.figures")):
@@ -481,19 +521,48 @@ def _report(report: Any, axes: Mapping[str, Axis]) -> Dict[str, Any]:
                         f"{', '.join(FIGURE_KEYS[1:])}, got {fig!r}")
     for key in ("x", "lines"):
       name = fig.get(key)
-      if key in fig and name not in axes:
-        raise ConfigError(f"{where}.{key}: {name!r} is not an axis (axes: "
+      if key in fig and (not isinstance(name, str) or name not in axes):
+        raise ConfigError(f"{where}.{key}: {name!r} is not an axis (one axis name; axes: "
                           f"{', '.join(axes) or 'none'}){did_you_mean(str(name), axes)}")
     if fig.get("lines") == fig["x"]:
       raise ConfigError(f"{where}: x and lines are both {fig['x']!r}")
+    for key in ("metric", "x_label", "title"):
+      if key in fig and not isinstance(fig[key], str):
+        raise ConfigError(f"{where}.{key}: expected a string, got {fig[key]!r}")
+    if "log_x" in fig and not isinstance(fig["log_x"], bool):
+      raise ConfigError(f"{where}.log_x: true or false, got {fig['log_x']!r}")
     if fig.get("value", "final") not in ("final", "best"):
       raise ConfigError(f"{where}.value: final or best, got {fig['value']!r}")
-    if fig.get("x_values"):
-      fig["x_values"] = {str(k): v for k, v in dict(fig["x_values"]).items()}
-      if set(fig["x_values"]) != set(axes[fig["x"]].labels):
-        raise ConfigError(f"{where}.x_values: give a number for each label of axis {fig['x']!r} "
-                          f"({', '.join(axes[fig['x']].labels)}), got {sorted(fig['x_values'])}")
+    if fig.get("x_values") is not None:
+      fig["x_values"] = _x_values(fig["x_values"], axes[fig["x"]], f"{where}.x_values",
+                                  bool(fig.get("log_x")))
   return report
+
+
+def _x_values(value: Any, axis: Axis, where: str, log_x: bool) -> Dict[str, float]:
+  """`x_values: {label: number}` for every label of the figure's x axis (where to draw them);
+  checked here so that `sweep report` cannot fail half-way on it."""
+  labels = ", ".join(axis.labels)
+  if not isinstance(value, dict):
+    raise ConfigError(f"{where}: expected a mapping label -> number for the labels of axis "
+                      f"{axis.name!r} ({labels}), got {value!r}")
+  out = {str(k): v for k, v in value.items()}
+  if set(out) != set(axis.labels):
+    raise ConfigError(f"{where}: give a number for each label of axis {axis.name!r} ({labels}), "
+                      f"got {sorted(out)}")
+  for label, v in out.items():
+    number = None
+    if isinstance(v, (int, float, str)) and not isinstance(v, bool):
+      try:  # YAML reads 7.7e7 (no exponent sign) as a string
+        number = float(v)
+      except ValueError:
+        pass
+    if number is None or not math.isfinite(number):
+      raise ConfigError(f"{where}.{label}: expected a number (e.g. 7.7e7), got {v!r}")
+    if log_x and number <= 0:
+      raise ConfigError(f"{where}.{label}: {v!r} cannot be drawn on log_x: give a positive number")
+    out[label] = number
+  return out
 
 
 # --- gin checks (before anything runs) ---------------------------------------------------------
@@ -574,7 +643,7 @@ def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
       steps_by_group[job.group] = int(steps) if isinstance(steps, int) else None
       if check_eval:
         job.train_steps = steps_by_group[job.group]
-        files, bindings = job.eval_config(sweep.eval_gin_files, sweep.eval_bindings)
+        files, bindings = job.eval_config()
         try:
           parse_gin(files, [f"{k} = {v}" for k, v in bindings], list(job.search_paths))
           check_required("eval")

@@ -1,7 +1,7 @@
 """`prompt-jax sweep plan|run|emit|report SPEC`: design-decision sweeps from one YAML spec.
 
   prompt-jax sweep plan   SPEC            the jobs, their MODEL_DIRs and exact train commands
-  prompt-jax sweep run    SPEC [--parallel=N] [--retry_failed]
+  prompt-jax sweep run    SPEC [--parallel=N] [--retry_failed] [--stop_timeout=SECONDS]
                                           run them here; re-run to resume (status file)
   prompt-jax sweep emit   SPEC --target=tpu-vm|slurm|local-script [target options]
   prompt-jax sweep report SPEC [--metric=PATTERN]
@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--root", default=None, help="sweep root: job MODEL_DIR = ROOT/<job name>")
   p.add_argument("--parallel", type=int, default=1, help="run: jobs at a time")
   p.add_argument("--retry_failed", action="store_true", help="run: rerun failed jobs")
+  p.add_argument("--stop_timeout", type=float, default=None,
+                 help="run: when stopped (Ctrl-C, SIGTERM), seconds the running jobs have to save "
+                      "a checkpoint after their SIGTERM before they are killed (default 300)")
   p.add_argument("--target", default=None, help="emit: tpu-vm | slurm | local-script")
   p.add_argument("--out", default=None,
                  help="emit/report: output dir (default ROOT/launch, ROOT/report)")
@@ -76,6 +79,8 @@ def plan_lines(sweep: spec_lib.Sweep) -> List[str]:
   lines = [f"sweep {sweep.name}: {len(sweep.jobs)} jobs ({sweep.shape()}) under {sweep.root}"]
   for i, job in enumerate(sweep.jobs, 1):
     state = status.get(job.name, {}).get("state")
+    if state and runner.command_changed(status[job.name], job):
+      state += ", command changed: run resumes it"
     lines.append(f"# [{i}/{len(sweep.jobs)}] {job.name}" + (f"  ({state})" if state else ""))
     lines.append("prompt-jax " + emit.command_line(job.train_args()))
   n_eval = sum(len(emit.group_eval_commands(sweep, g)) for g in sweep.groups().values())
@@ -103,7 +108,9 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
       return 0
     if args.subcommand == "run":
       from prompt_jax.launch import runner  # pylint: disable=g-import-not-at-top
-      return runner.run(sweep, parallel=args.parallel, retry_failed=args.retry_failed)
+      stop_timeout = runner.STOP_TIMEOUT if args.stop_timeout is None else args.stop_timeout
+      return runner.run(sweep, parallel=args.parallel, retry_failed=args.retry_failed,
+                        stop_timeout=stop_timeout)
     if args.subcommand == "emit":
       from prompt_jax.launch import emit  # pylint: disable=g-import-not-at-top
       if not args.target:

@@ -211,3 +211,55 @@ def test_slurm_script_under_fake_srun_matches_a_plain_run(tmp_path):
   proc = common.cli_subprocess(helpers.replace_model_dir(job.train_args(), single), devices=2)
   assert proc.returncode == 0, proc.stdout[-3000:]
   helpers.assert_multihost_prompt_matches(job.model_dir, single, step=3)
+
+
+def test_local_script_with_axis_names_that_need_quoting(tmp_path):
+  """A scoped gin parameter and a name with a space as axes: each job still runs its own command
+  (the job names are path-safe and quoted)."""
+  text = helpers.TINY_SPEC.replace("  PROMPT_LENGTH: [4, 8]\n  init:\n", (
+      "  train/prompt_jax.DatasetConfig.shuffle: [true, false]\n  my init:\n")).replace(
+          "seeds: [0, 1]\n", "")
+  sweep, out, _ = _emit(tmp_path, text, "--target=local-script")
+  assert len(sweep.jobs) == 4
+  script = os.path.join(out, "local.sh")
+  _bash_n(script)
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  helpers.write_executable(fakes, "prompt-jax", RECORDER)
+  record = str(tmp_path / "calls.jsonl")
+  rc, output = _run_script(["bash", script], helpers.job_env({"FAKE_RECORD": record},
+                                                             [str(fakes)]))
+  assert rc == 0, output
+  assert _records(record) == [j.train_args() for j in sweep.jobs] + [
+      args for jobs in sweep.groups().values() for args in emit.group_eval_commands(sweep, jobs)]
+  assert f"== {sweep.jobs[0].name}" in output
+  assert "== train-prompt_jax.DatasetConfig.shuffle-True__my-init-uniform" in output
+
+
+def test_slurm_scripts_with_a_relative_out_dir(tmp_path, monkeypatch):
+  """submit.sh cds to its own directory before sbatch: the logs path SLURM writes to must not
+  be relative to where `emit` ran."""
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  monkeypatch.chdir(tmp_path)
+  rc, _, err = helpers.sweep_cli(["emit", spec, "--root=root", "--target=slurm",
+                                  "--out=slurm_out"])
+  assert rc == 0, err
+  with open(tmp_path / "slurm_out" / "train.sbatch") as f:
+    train = f.read()
+  assert f"#SBATCH --output={tmp_path}/slurm_out/logs/slurm-%x-%A_%a.out\n" in train
+  with open(tmp_path / "slurm_out" / "submit.sh") as f:
+    assert f"logs in {tmp_path}/slurm_out/logs" in f.read()
+
+
+def test_an_output_path_in_the_way_is_one_line_without_traceback(tmp_path):
+  """Not a bad spec but a file where emit must make a directory: one line, exit 1, like every
+  other command (sweep errors went through no error handler)."""
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  in_the_way = tmp_path / "a_file"
+  in_the_way.write_text("")
+  rc, out, err = helpers.sweep_cli(["emit", spec, f"--root={tmp_path / 'root'}",
+                                    "--target=local-script", f"--out={in_the_way / 'launch'}"])
+  assert rc == 1, (out, err)
+  lines = [l for l in err.splitlines() if l.startswith("prompt-jax")]
+  assert len(lines) == 1 and "NotADirectoryError" in lines[0], err
+  assert "Traceback" not in err + out

@@ -1,11 +1,15 @@
 """The local runner's bookkeeping with a stand-in `prompt-jax` (no training): a failed job does
 not stop the others, its error line is recorded, done jobs are skipped, --retry_failed reruns,
-one runner per root."""
+one runner per root; stopping the runner lets running jobs save (SIGTERM), a preempted job is
+resumed, a job whose command changed runs again."""
 import fcntl
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -90,7 +94,6 @@ def test_one_runner_per_root(fake_sweep):
 def test_job_still_running_from_a_dead_runner_is_not_started_twice(fake_sweep):
   """The runner was SIGKILLed alone: its job lives on; a new runner must not start a second
   trainer on the same MODEL_DIR."""
-  import subprocess  # pylint: disable=g-import-not-at-top
   sweep, _ = fake_sweep
   job = sweep.jobs[0]
   orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
@@ -112,3 +115,167 @@ def test_run_needs_a_local_root(tmp_path):
   spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
   rc, _, err = helpers.sweep_cli(["run", spec, "--root=gs://bucket/sweeps/tiny"])
   assert rc == 2 and "sweep run needs a local root, got gs://bucket/sweeps/tiny" in err
+
+
+# Stands in for the trainer's preemption handling (train/guards.py): SIGTERM saves and exits
+# 143 with its "preempted" line; SIGINT is Python's KeyboardInterrupt (no save). Touches
+# $FAKE_DIR/<pid>.started, then trains "forever" (or exits at once once $FAKE_DIR/quick exists).
+SLOW_TRAIN = f"""#!{sys.executable}
+import os, signal, sys, time
+d = os.environ["FAKE_DIR"]
+if os.path.exists(os.path.join(d, "quick")):
+  print("final metrics: x=1.0000")
+  sys.exit(0)
+def on_term(*unused):
+  if os.environ.get("FAKE_IGNORE_TERM"):
+    return
+  print("preempted (SIGTERM) at step 3: saved MODEL_DIR/checkpoints/3", flush=True)
+  sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(d, str(os.getpid()) + ".started"), "w").close()
+time.sleep(120)
+"""
+
+RUN_SWEEP = """
+import sys
+from prompt_jax.launch import runner, spec
+runner.POLL_SECONDS = 0.02
+sweep = spec.build(sys.argv[1], root=sys.argv[2])
+sys.exit(runner.run(sweep, parallel=2, stop_timeout=float(sys.argv[3])))
+"""
+
+
+@pytest.fixture
+def slow_sweep(tmp_path, monkeypatch):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  fakes = tmp_path / "bin"
+  fakes.mkdir()
+  helpers.write_executable(fakes, "prompt-jax", SLOW_TRAIN)
+  monkeypatch.setenv("PATH", f"{fakes}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+  return spec, str(tmp_path / "root"), tmp_path
+
+
+def _stop_runner(spec, root, tmp_path, sig, stop_timeout=30.0, whole_group=False):
+  """Starts a runner in its own session, waits until two jobs run, sends `sig` (to the runner,
+  or as a terminal's Ctrl-C does, to its whole process group); -> (exit status, output)."""
+  proc = subprocess.Popen([sys.executable, "-c", RUN_SWEEP, spec, root, str(stop_timeout)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True, cwd=os.getcwd())
+  try:
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob("*.started"))) < 2:
+      assert time.time() < deadline and proc.poll() is None, proc.communicate()[0]
+      time.sleep(0.05)
+    if whole_group:
+      os.killpg(proc.pid, sig)
+    else:
+      proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  return proc.returncode, out
+
+
+@pytest.mark.parametrize("sig,whole_group", [("SIGTERM", False), ("SIGINT", True)])
+def test_stopping_the_runner_lets_running_jobs_save(slow_sweep, sig, whole_group):
+  """SIGTERM to the runner, or Ctrl-C in its terminal (SIGINT to the process group): each
+  running job gets SIGTERM, the trainer's cue to save a checkpoint, and is resumed next time."""
+  spec, root, tmp_path = slow_sweep
+  rc, out = _stop_runner(spec, root, tmp_path, getattr(signal, sig), whole_group=whole_group)
+  assert rc == 130, out
+  sweep = spec_lib.build(spec, root=root)
+  status = _status(sweep)
+  stopped = [j for j in sweep.jobs if status[j.name].get("attempts")]
+  assert len(stopped) == 2
+  for job in stopped:
+    assert status[job.name]["state"] == "pending"
+    assert "preempted (SIGTERM) at step 3: saved" in status[job.name]["error"]
+    with open(os.path.join(root, "logs", job.name + ".log")) as f:
+      assert "saved MODEL_DIR/checkpoints/3" in f.read()
+  # The same command resumes them (and runs the rest).
+  open(tmp_path / "quick", "w").close()
+  out = io.StringIO()
+  assert runner.run(sweep, parallel=2, out=out) == 0
+  assert all(f"start {j.name} (resuming)" in out.getvalue() for j in stopped)
+
+
+def test_job_that_does_not_stop_is_killed_after_the_stop_timeout(slow_sweep, monkeypatch):
+  spec, root, tmp_path = slow_sweep
+  monkeypatch.setenv("FAKE_IGNORE_TERM", "1")
+  t0 = time.time()
+  rc, out = _stop_runner(spec, root, tmp_path, signal.SIGTERM, stop_timeout=1.0)
+  assert rc == 130 and time.time() - t0 < 50, out
+  assert "waiting up to 1s" in out
+  status = _status(spec_lib.build(spec, root=root))
+  killed = [e for e in status.values() if e.get("attempts")]
+  assert len(killed) == 2
+  assert all(e["state"] == "pending" and "killed by SIGKILL" in e["error"] for e in killed)
+
+
+def test_stop_timeout_must_not_be_negative(tmp_path):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  rc, _, err = helpers.sweep_cli(["run", spec, f"--root={tmp_path}/root", "--stop_timeout=-1"])
+  assert rc == 2 and "--stop_timeout must be >= 0 seconds, got -1.0" in err
+
+
+def test_preempted_job_is_resumed_not_failed(fake_sweep, monkeypatch):
+  """Exit 143 (the trainer saved a checkpoint on SIGTERM): pending, and the next run resumes it
+  without --retry_failed."""
+  sweep, tmp_path = fake_sweep
+  preempted = sweep.jobs[2].name
+  helpers.write_executable(tmp_path / "bin", "prompt-jax", f"""
+      #!{sys.executable}
+      import os, sys
+      if any(a.endswith("/{preempted}'") for a in sys.argv) and not os.path.exists("{tmp_path}/up"):
+        print("preempted (SIGTERM) at step 2: saved .../checkpoints/2; run the same command")
+        sys.exit(143)
+      print("final metrics: x=1.0000")
+      """)
+  out = io.StringIO()
+  assert runner.run(sweep, parallel=2, out=out) == 1
+  entry = _status(sweep)[preempted]
+  assert entry["state"] == "pending"
+  assert entry["error"] == ("preempted: exit status 143: preempted (SIGTERM) at step 2: saved "
+                            ".../checkpoints/2; run the same command")
+  assert "FAILED" not in out.getvalue() and "1 job(s) preempted" in out.getvalue()
+  open(tmp_path / "up", "w").close()
+  out = io.StringIO()
+  assert runner.run(sweep, out=out) == 0
+  assert [l.split()[2] for l in out.getvalue().splitlines() if " start " in l] == [preempted]
+  assert f"start {preempted} (resuming)" in out.getvalue()
+  assert _status(sweep)[preempted]["state"] == "done"
+
+
+def test_done_job_whose_command_changed_runs_again(fake_sweep):
+  """As t5x.train on the same MODEL_DIR: more TRAIN_STEPS continue each finished job (the
+  trainer resumes from its checkpoint); the status records the command that ran."""
+  sweep, tmp_path = fake_sweep
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
+  longer = spec_lib.build(sweep.path, root=sweep.root, overrides=[("TRAIN_STEPS", "8")])
+  out = io.StringIO()
+  assert runner.run(longer, parallel=4, out=out) == 0
+  started = [l for l in out.getvalue().splitlines() if " start " in l]
+  assert len(started) == 8 and all("(command changed: resuming)" in l for l in started)
+  status = _status(longer)
+  assert all(status[j.name]["command"] == ["prompt-jax"] + j.train_args() for j in longer.jobs)
+  assert all("--gin.TRAIN_STEPS=8" in status[j.name]["command"] for j in longer.jobs)
+  out = io.StringIO()  # the same command again: nothing to do
+  assert runner.run(longer, out=out) == 0 and " start " not in out.getvalue()
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
+  assert rc == 0 and out.count("(done, command changed: run resumes it)") == 8, err
+
+
+def test_failed_job_whose_command_changed_runs_again(fake_sweep):
+  """The failure belonged to the old command (here: TRAIN_STEPS below the restored step, fixed
+  by raising it): the new command runs without --retry_failed."""
+  sweep, tmp_path = fake_sweep
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 1
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, out=io.StringIO()) == 1  # same command: still failed
+  raised = spec_lib.build(sweep.path, root=sweep.root, overrides=[("TRAIN_STEPS", "9")])
+  out = io.StringIO()
+  assert runner.run(raised, parallel=4, out=out) == 0
+  assert f"start {sweep.jobs[1].name} (command changed: resuming)" in out.getvalue()

@@ -160,3 +160,118 @@ def test_figure_naming_no_axis(tmp_path):
   line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n"
                 "report: {figures: [{x: PROMPT_LENGTH, lines: seeed}]}\n", "plan")
   assert "report.figures[0].lines: 'seeed' is not an axis" in line
+
+
+def test_scoped_parameter_axis_gives_path_safe_job_names(tmp_path):
+  """A scoped gin parameter (with '/') or a name with a space is a fine axis; the job names
+  (directories, log files, words in emitted scripts) hold it path-safe."""
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n"
+                            "  train/prompt_jax.DatasetConfig.shuffle: [true, false]\n"
+                            "  my init: {gin_file: [prompts/uniform.gin]}\n")
+  root = str(tmp_path / "root")
+  rc, out, err = helpers.sweep_cli(["plan", spec, f"--root={root}"])
+  assert rc == 0, err
+  sweep = spec_lib.build(spec, root=root)
+  assert [j.name for j in sweep.jobs] == [
+      "train-prompt_jax.DatasetConfig.shuffle-True__my-init-uniform",
+      "train-prompt_jax.DatasetConfig.shuffle-False__my-init-uniform"]
+  assert all(os.path.dirname(j.model_dir) == root for j in sweep.jobs)
+  assert all(j.values["train/prompt_jax.DatasetConfig.shuffle"] in ("True", "False")
+             for j in sweep.jobs)  # the report's columns keep the axis' own name
+  assert "--gin.train/prompt_jax.DatasetConfig.shuffle=True" in out
+
+
+def test_gin_file_axis_labels_are_path_safe(tmp_path):
+  with open(tmp_path / "my init.gin", "w") as f:
+    f.write("# mine\n")
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  init: {gin_file: ['my init.gin']}\n")
+  (job,) = spec_lib.build(spec, root=str(tmp_path / "root")).jobs
+  assert job.name == "init-my-init" and job.gin_files[-1] == str(tmp_path / "my init.gin")
+
+
+def test_axis_names_that_collide_once_path_safe(tmp_path):
+  line = _error(tmp_path, BASE + "axes:\n  my/init: {gin_file: [prompts/uniform.gin]}\n"
+                "  my init: {gin_file: [prompts/uniform.gin]}\n", "plan")
+  assert "axes 'my/init' and 'my init' both appear as 'my-init' in job names" in line
+
+
+@pytest.mark.parametrize("values,labels", [
+    ("[-2, 3]", ["-2", "3"]),
+    ("[-0.5, 0.5]", ["-0.5", "0.5"]),
+    ("[-1.0e-3, 1.0e-3, '-7']", ["-0.001", "0.001", "-7"]),
+])
+def test_negative_values_keep_their_sign_in_labels(tmp_path, values, labels):
+  spec = helpers.write_spec(tmp_path, BASE + f"axes:\n  DROPOUT_RATE: {values}\n")
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  assert sweep.axes[0].labels == labels
+  assert [j.name for j in sweep.jobs] == [f"DROPOUT_RATE-{l}" for l in labels]
+
+
+@pytest.mark.parametrize("report,expected", [
+    ("{figures: [{x: [PROMPT_LENGTH]}]}", "report.figures[0].x: ['PROMPT_LENGTH'] is not an axis"),
+    ("{figures: [{x: PROMPT_LENGTH, lines: {a: 1}}]}", "report.figures[0].lines: {'a': 1} is not"),
+    ("{figures: [{x: PROMPT_LENGTH, x_values: [1, 2]}]}",
+     "report.figures[0].x_values: expected a mapping label -> number"),
+    ("{figures: [{x: PROMPT_LENGTH, x_values: {'4': 7.7e+7, '8': 250M}}]}",
+     "report.figures[0].x_values.8: expected a number (e.g. 7.7e7), got '250M'"),
+    ("{figures: [{x: PROMPT_LENGTH, x_values: {'4': 1}}]}",
+     "report.figures[0].x_values: give a number for each label of axis 'PROMPT_LENGTH' (4, 8)"),
+    ("{figures: [{x: PROMPT_LENGTH, log_x: true, x_values: {'4': 0, '8': 1}}]}",
+     "report.figures[0].x_values.4: 0 cannot be drawn on log_x"),
+    ("{figures: [{x: PROMPT_LENGTH, metric: [a]}]}", "report.figures[0].metric: expected a string"),
+    ("{figures: [{x: PROMPT_LENGTH, log_x: 'yes'}]}", "report.figures[0].log_x: true or false"),
+    ("{metric: ''}", "report.metric: expected a metric name or pattern"),
+])
+def test_bad_report_section_is_one_line_at_plan_time(tmp_path, report, expected):
+  line = _error(tmp_path, BASE + f"axes:\n  PROMPT_LENGTH: [4, 8]\nreport: {report}\n", "plan")
+  assert expected in line
+
+
+def test_x_values_as_yaml_reads_them(tmp_path):
+  """YAML reads 7.7e7 (no exponent sign) as a string: still a number to draw at."""
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\nreport: {figures: "
+                            "[{x: PROMPT_LENGTH, x_values: {'4': 7.7e7, '8': 2.5e+8}}]}\n")
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  assert sweep.report["figures"][0]["x_values"] == {"4": 7.7e7, "8": 2.5e8}
+
+
+def test_axis_templates_in_base_gin_files_and_eval(tmp_path):
+  """`${axis}` in a base gin file and in the `eval:` section is the job's label there."""
+  for size in ("small", "base"):
+    with open(tmp_path / f"model_{size}.gin", "w") as f:
+      f.write(f"# {size}\n")
+  spec = helpers.write_spec(tmp_path, """\
+      gin_files: [runs/embedded_default.gin, 'model_${size}.gin']
+      bindings: {TRAIN_STEPS: 2}
+      axes:
+        size: {small: {PROMPT_LENGTH: 4}, base: {PROMPT_LENGTH: 8}}
+      eval:
+        gin_files: ['model_${size}.gin']
+        bindings: {EVAL_SPLIT: "'validation_${size}'"}
+      """)
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  for job in sweep.jobs:
+    size = job.values["size"]
+    assert job.gin_files[1] == str(tmp_path / f"model_{size}.gin")
+    args = job.eval_args()
+    assert f"--gin_file={tmp_path}/model_{size}.gin" in args
+    assert f"--gin.EVAL_SPLIT='validation_{size}'" in args
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n"
+                "eval: {bindings: {EVAL_SPLIT: \"'${lenght}'\"}}\n", "plan")
+  assert "eval.bindings.EVAL_SPLIT: ${lenght} names no axis" in line
+
+
+def test_relative_search_paths_become_absolute(tmp_path, monkeypatch):
+  """Emitted scripts run from elsewhere (submit.sh cds to its directory): a relative
+  gin_search_paths entry is made absolute, as your own gin files are."""
+  (tmp_path / "mygin").mkdir()
+  with open(tmp_path / "mygin" / "extra.gin", "w") as f:
+    f.write("# extra\n")
+  monkeypatch.chdir(tmp_path)
+  spec = helpers.write_spec(tmp_path, BASE.replace(
+      "gin_files: [", "gin_search_paths: [mygin]\ngin_files: [extra.gin, "))
+  sweep = spec_lib.build(spec, root="root")
+  (job,) = sweep.jobs
+  assert job.search_paths == (str(tmp_path / "mygin"),)
+  assert f"--gin_search_paths={tmp_path}/mygin" in job.train_args()
+  assert "--gin_file=extra.gin" in job.train_args()
