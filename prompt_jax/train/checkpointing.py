@@ -353,13 +353,14 @@ def _check_data_layout(model_dir: str, step: int, data: Mapping[str, Any], strea
         f"them) or use a new MODEL_DIR")
 
 
-def latest_intact(model_dir: str, restore: Callable[[int], Any]) -> Optional[Tuple[int, Any,
-                                                                                    List]]:
+def latest_intact(model_dir: str, restore: Callable[[int], Any], use: str = "resuming from"
+                  ) -> Optional[Tuple[int, Any, List]]:
   """THE newest intact checkpoint: (step, restore(step), [(newer broken step, reason)]).
 
   Tries the finished checkpoints newest first; a step whose `restore` raises (other than a
   ConfigError, which is the configuration's fault) is broken and the next older one is tried,
-  with a warning naming both. All processes agree on the step. None: MODEL_DIR has no
+  with a warning naming both (once per process; `use`: what is done with the intact one, for
+  the warning). All processes agree on the step. None: MODEL_DIR has no
   checkpoint. RunError (nothing changed on disk): there are checkpoints but none is intact."""
   broken: List[Tuple[int, str]] = []
   for step in steps(model_dir):
@@ -373,7 +374,7 @@ def latest_intact(model_dir: str, restore: Callable[[int], Any]) -> Optional[Tup
       broken.append((step, error or "it failed to restore on another process"))
       continue
     if broken:
-      logging.warning("%s", _fallback_message(model_dir, broken, step))
+      _warn_once(_fallback_message(model_dir, broken, step, use))
     return step, result, broken
   if broken:
     raise RunError(
@@ -384,11 +385,12 @@ def latest_intact(model_dir: str, restore: Callable[[int], Any]) -> Optional[Tup
   return None
 
 
-def _fallback_message(model_dir: str, broken: Sequence[Tuple[int, str]], step: int) -> str:
+def _fallback_message(model_dir: str, broken: Sequence[Tuple[int, str]], step: int,
+                      use: str) -> str:
   newest, reason = broken[0]
   more = (f" (and {', '.join(str(s) for s, _ in broken[1:])})" if len(broken) > 1 else "")
   return (f"checkpoint {step_dir(model_dir, newest)}{more} cannot be restored ({reason}); "
-          f"resuming from {step_dir(model_dir, step)}, the newest intact checkpoint")
+          f"{use} {step_dir(model_dir, step)}, the newest intact checkpoint")
 
 
 def _all_processes_agree(ok: bool) -> bool:
@@ -491,7 +493,7 @@ def read_params(model_dir: str, step: int) -> Dict[str, np.ndarray]:
 def latest_step(model_dir: str) -> Optional[int]:
   """The newest intact checkpoint step under MODEL_DIR (read-only: warns about newer broken
   ones, moves nothing). None when MODEL_DIR has no checkpoint; RunError when none is intact."""
-  found = latest_intact(model_dir, lambda step: read_params(model_dir, step))
+  found = latest_intact(model_dir, lambda step: read_params(model_dir, step), use="using")
   return None if found is None else found[0]
 
 
