@@ -7,8 +7,9 @@ the trainer's "final metrics:" line). A resumed run may have written a step twic
 write wins. "final" is the value at the last step, "best" the max (min for losses).
 
 Figures follow Lester et al. (2021) Figure 3: the metric against one axis (`x`), one line per
-value of another (`lines`), a point = mean over the jobs there (the seeds, and any axis on
-neither), error bars = their sample standard deviation. Each PNG has a CSV beside it holding the
+value of another (`lines`), a point = mean over the finished jobs there (the seeds, and any
+axis on neither; a running, failed or pending job's mid-run values are left out), error bars =
+their sample standard deviation. Each PNG has a CSV beside it holding the
 data read back from the drawn lines.
 """
 import csv
@@ -48,6 +49,12 @@ class JobResult:
       return None
     pick = min if "loss" in name.rsplit("/", 1)[-1] else max
     return pick(sorted(s.items()), key=lambda kv: kv[1])  # the earliest step on ties
+
+  @property
+  def finished(self) -> bool:
+    """Its values are its run's last: done by the status file, or assumed so without one (a
+    remote root: 'done?'). A running, failed or pending job's values are mid-run."""
+    return self.state in (runner.DONE, "done?")
 
   @property
   def step(self) -> Optional[int]:
@@ -165,6 +172,8 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
   points: Dict[str, Dict[str, List[float]]] = {}
   metric_names = set()
   for r in results:
+    if not r.finished:  # a mid-run value would pull the mean of the finished seeds
+      continue
     name = pick_metric(patterns, list(r.series))
     got = (r.final if value_kind == "final" else r.best)(name) if name else None
     if got is None:
@@ -314,9 +323,15 @@ def _markdown(sweep, results, rows, patterns, figs, out_dir) -> str:
            + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ".", "",
            f"Metric: `{' | '.join(patterns)}` (first match per job), final value and best "
            f"over the run's evaluations.", ""]
+  unfinished = [r for r in results if not r.finished]
+  if unfinished:
+    lines += [f"Configurations and figures use the finished jobs only "
+              f"({len(results) - len(unfinished)}); unfinished (running, failed or pending, "
+              f"in the Jobs table): {len(unfinished)}.", ""]
   groups: Dict[str, List[Dict]] = {}
   for row, r in zip(rows, results):
-    groups.setdefault(r.job.group, []).append(row)
+    groups.setdefault(r.job.group, []).append(row if r.finished else
+                                              {**row, "final": "", "best": ""})
   lines += ["## Configurations (mean ± std over seeds)", "",
             "| " + " | ".join(axis_names + ["n", "final", "best"]) + " |",
             "|" + "---|" * (len(axis_names) + 3)]
