@@ -277,7 +277,7 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
   axis_names = [a.name for a in sweep.axes]
 
   # report.csv: one row per job.
-  header = ["job", *axis_names, "seed", "state", "step", "metric", "final", "best", "best_step"]
+  header = ["job", *axis_names, *spec_lib.REPORT_COLUMNS[1:]]
   for n in all_names:
     header += [f"final/{n}", f"best/{n}"]
   rows = []

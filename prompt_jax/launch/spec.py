@@ -181,6 +181,10 @@ def did_you_mean(name: str, candidates: Sequence[str]) -> str:
   return f"; did you mean {match[0]}?" if match else ""
 
 
+# report.csv's own columns beside the axes' (launch/report.py): no axis may take their names.
+REPORT_COLUMNS = ("job", "seed", "state", "step", "metric", "final", "best", "best_step")
+
+
 def path_safe(text: str) -> str:
   """`text` as one path component: runs of other characters than letters, digits, . _ + - become
   one '-' (job names are directory names and words in emitted shell scripts)."""
@@ -400,6 +404,9 @@ def build(spec: str, root: Optional[str] = None,
     safe = path_safe(axis.name)
     if not safe:
       raise ConfigError(f"axis {axis.name!r}: an axis name needs a letter or digit")
+    if axis.name in REPORT_COLUMNS:
+      raise ConfigError(f"axis {axis.name!r}: the name of a column of `sweep report` "
+                        f"({', '.join(REPORT_COLUMNS)}); rename the axis")
     if safe in safe_names:
       raise ConfigError(f"axes {safe_names[safe]!r} and {axis.name!r} both appear as {safe!r} in "
                         f"job names: rename one")

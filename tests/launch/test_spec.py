@@ -156,6 +156,13 @@ def test_gin_error_in_a_job(tmp_path):
   assert line.startswith("prompt-jax sweep: error: job prompt_jax.train.stats_perod-1: ")
 
 
+def test_an_axis_named_like_a_report_column(tmp_path):
+  """report.csv has a `seed` column (and job, state, step, ...): an axis of that name would be
+  overwritten there."""
+  line = _error(tmp_path, BASE + "axes:\n  seed: {a: {PROMPT_LENGTH: 4}}\n", "plan")
+  assert "axis 'seed': the name of a column of `sweep report`" in line
+
+
 def test_figure_naming_no_axis(tmp_path):
   line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n"
                 "report: {figures: [{x: PROMPT_LENGTH, lines: seeed}]}\n", "plan")
