@@ -435,9 +435,10 @@ def resume_or_initialise(mngr: ocp.CheckpointManager, model_dir: str, run: run_s
 
 def quarantine(mngr: ocp.CheckpointManager, model_dir: str,
                broken: Sequence[Tuple[int, str]]) -> None:
-  """Moves broken checkpoints to MODEL_DIR/corrupt_checkpoints/<step> (process 0), so the
-  manager neither counts them against `keep` (which would delete the intact one in their
-  favour) nor collides with them when it saves those steps again. Nothing is deleted."""
+  """Moves broken checkpoints to MODEL_DIR/corrupt_checkpoints/<step> (process 0), with their
+  .npy exports (`<step>/numpy_checkpoints`), so the manager neither counts them against `keep`
+  (which would delete the intact one in their favour) nor collides with them when it saves those
+  steps again. Nothing is deleted."""
   if not broken:
     return
   if jax.process_index() == 0:
@@ -449,6 +450,11 @@ def quarantine(mngr: ocp.CheckpointManager, model_dir: str,
       while dest.exists():
         dest, n = target / f"{step}.{n}", n + 1
       epath.Path(step_dir(model_dir, step)).rename(dest)
+      # Its .npy export (written from memory when it was saved) goes with it: training that step
+      # again would replace it, and it may be the one intact copy of what was trained.
+      exported_npy = epath.Path(model_dir) / NUMPY_DIR / f"checkpoint_{step}"
+      if exported_npy.is_dir():
+        exported_npy.rename(dest / NUMPY_DIR)
       (dest / "WHY.txt").write_text(f"failed to restore: {reason}\n")
       logging.warning("moved the broken checkpoint %s to %s", step_dir(model_dir, step), dest)
   if jax.process_count() > 1:

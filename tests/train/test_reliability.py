@@ -194,6 +194,10 @@ def test_damaged_latest_checkpoints_fall_back_to_newest_intact(reference, tmp_pa
   assert "restored step 8 " in proc.stdout and "training steps 8 -> 14" in proc.stdout
   # Broken checkpoints are moved aside, never deleted; only intact ones are kept (3).
   assert sorted(os.listdir(os.path.join(d, "corrupt_checkpoints"))) == ["10", "12"]
+  # Each keeps its .npy export, which retraining that step would otherwise have replaced.
+  np.testing.assert_array_equal(np.load(os.path.join(
+      d, "corrupt_checkpoints", "12", "numpy_checkpoints", common.PROMPT_NPY)),
+      common.prompt_at(reference, 12))
   assert checkpoint_steps(d) == [10, 12, 14]
   # Steps 9..12 were recomputed from checkpoint 8: the same values as the first time.
   np.testing.assert_array_equal(common.prompt_at(d, 12), common.prompt_at(reference, 12))
