@@ -199,7 +199,12 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
     examples = list(ds.as_numpy_iterator())
     indices = [i for i, _ in examples]
     inputs = np.stack([ex["encoder_input_tokens"] for _, ex in examples])
-    task_name = evaluator.eval_tasks[0].name if len(evaluator.eval_tasks) == 1 else None
+    # seqio passes each task's cached dataset in turn: that names the task, in a mixture too
+    # (whose labelled tasks are then rank-classified like the task alone).
+    task_name = next((name for name, cached in evaluator.cached_model_datasets.items()
+                      if cached is ds), None)
+    if task_name is None and len(evaluator.eval_tasks) == 1:
+      task_name = evaluator.eval_tasks[0].name
     task_ids = None  # each example's task (a multi-task mixture's data)
     if examples and data_lib.TASK_IDS in examples[0][1]:
       task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])

@@ -233,6 +233,33 @@ def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, 
   assert record["prompt_file"] == other, record
 
 
+def test_labelled_tasks_of_a_plain_mixture_are_rank_classified(trained, monkeypatch):
+  """seqio evaluates a mixture task by task: each labelled task gets its labels (not greedy
+  decoding, which scores text that is no label), as it would alone."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  _, (_, run, _) = trained
+  name = "test_plain_last_first"
+  if name not in seqio.MixtureRegistry.names():
+    seqio.MixtureRegistry.add(name, [task.TASK_NAME, task.SECOND_TASK_NAME], default_rate=1.0)
+  seen = []
+  real = inference.predict_tokens
+
+  def recording(run, inputs, **kw):
+    seen.append(kw.get("labels"))
+    return real(run, inputs, **kw)
+  monkeypatch.setattr(inference, "predict_tokens", recording)
+  cfg = data_lib.DatasetConfig(mixture_or_task_name=name, split="validation", batch_size=64,
+                               task_feature_lengths={"inputs": 16, "targets": 4}, shuffle=False)
+  metrics = inference.evaluate(run, cfg, None, step=0)
+  assert all(labels for labels in seen), seen  # None: decoded
+  assert sorted(map(tuple, seen)) == sorted([tuple(inference.label_set(task.TASK_NAME)),
+                                             tuple(inference.label_set(task.SECOND_TASK_NAME))])
+  assert {f"{t}/accuracy" for t in (task.TASK_NAME, task.SECOND_TASK_NAME)} <= set(metrics)
+
+
 def test_greedy_decoding_predictions(trained):
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.embedded import task  # pylint: disable=g-import-not-at-top
