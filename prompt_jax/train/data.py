@@ -395,7 +395,23 @@ class TrainStream:
                         f"would only reorder the examples")
     self.tokens_real = 0
     self.tokens_processed = 0
+    self._check_rows()
     self.restart(skip=0)
+
+  def _check_rows(self) -> None:
+    """A data shard with no examples (an empty or all-filtered split, or more data shards than
+    examples) would end the stream at the first step, after MODEL_DIR was written: one line now.
+    Each shard is read unshuffled up to its first batch (cheap: no shuffle buffer to fill)."""
+    cfg = dataclasses.replace(self.cfg, shuffle=False)
+    for k in self.shards:
+      if not list(shard_dataset(cfg, k, self.num_shards).take(1)):
+        raise ConfigError(self._no_rows(k))
+
+  def _no_rows(self, shard: int) -> str:
+    where = f" in data shard {shard} of {self.num_shards}" if self.num_shards > 1 else ""
+    return (f"the {self.cfg.split!r} split of {self.cfg.mixture_or_task_name} has no examples"
+            f"{where}: check its data files (empty, or every row filtered out)"
+            + (" or use fewer data shards (num_data_shards)" if self.num_shards > 1 else ""))
 
   @property
   def real_token_share(self) -> float:
@@ -430,7 +446,10 @@ class TrainStream:
     return self
 
   def __next__(self) -> Dict[str, np.ndarray]:
-    parts = [next(self.iterators[k]) for k in self.shards]
+    try:
+      parts = [next(self.iterators[k]) for k in self.shards]
+    except StopIteration:  # the stream repeats: only a shard without examples ends
+      raise ConfigError(self._no_rows(self.shards[0])) from None
     batch = {name: np.concatenate([p[name].numpy() for p in parts])[
         self._offset:self._offset + self._rows] for name in model_features(parts[0])}
     if self.buckets is not None:

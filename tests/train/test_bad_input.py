@@ -133,6 +133,25 @@ from prompt_jax import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
 
+# A task whose splits have no rows (an empty or all-filtered data file), registered, then the CLI.
+NO_ROWS = """
+import sys
+import seqio
+import tensorflow as tf
+from prompt_jax import cli
+from prompt_jax.embedded import task
+
+def _empty(split, shuffle_files, seed=None):
+  return tf.data.Dataset.from_tensor_slices(
+      {"inputs": tf.constant([], tf.string), "targets": tf.constant([], tf.string)})
+
+seqio.TaskRegistry.add(
+    "test_no_rows", source=seqio.FunctionDataSource(_empty, splits=("train", "validation")),
+    preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+    output_features={k: seqio.Feature(task.VOCABULARY, add_eos=True) for k in ("inputs", "targets")})
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
 EVAL_FLAGS = ["--gin_file=models/embedded_tiny.gin", "--gin.PROMPT_LENGTH=8",
               "--gin.MIXTURE_OR_TASK_NAME='embedded_last_letter'",
               "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
@@ -191,6 +210,10 @@ CASES = [
         c, "--gin_file=prompts/from_class_labels.gin", "--gin.PROMPT_LENGTH=2",
         "--gin.CLASS_LABELS=['a', 'b', 'c']"), "class labels do not fit"),
     # --- data ---
+    Case("training_split_without_rows", lambda c: train(
+        c, "--gin.MIXTURE_OR_TASK_NAME='test_no_rows'"),
+         "the 'train' split of test_no_rows has no examples", model_dir="fresh",
+         python_code=NO_ROWS),
     Case("malformed_jsonl_line", lambda c: train(
         c, f"--data_dir={_bad_jsonl(c)}", "--gin.MIXTURE_OR_TASK_NAME='super_glue_cb_v102'"),
          "train.jsonl:2: malformed JSON"),
