@@ -168,8 +168,8 @@ def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_deco
 
 
 def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Evaluator:
-  key = (cfg.mixture_or_task_name, cfg.split, tuple(sorted(cfg.task_feature_lengths.items())),
-         log_dir)
+  key = (cfg.mixture_or_task_name, cfg.module, cfg.split, cfg.use_cached, cfg.seed,
+         tuple(sorted(cfg.task_feature_lengths.items())), log_dir)  # all the evaluator reads
   if key not in _EVALUATORS:
     data_lib.import_task_module(cfg.module)
     loggers = [seqio.TensorBoardLogger] if log_dir and jax.process_index() == 0 else []

@@ -336,3 +336,17 @@ def test_missing_macro_referenced_by_a_prompt_file(tmp_path):
   d = str(tmp_path / "m")
   _assert_error(["train"] + common.flags(d, 3, "--gin_file=prompts/from_class_labels.gin"), d,
                 "missing required macro CLASS_LABELS")
+
+
+def test_evaluators_are_cached_per_everything_they_read():
+  """A second evaluation in one process that changes only the seed (or use_cached, or the task
+  module) gets its own seqio.Evaluator, not the first one's cached datasets."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  cfg = data_lib.DatasetConfig(mixture_or_task_name="embedded_last_letter", split="validation",
+                               batch_size=8, task_feature_lengths={"inputs": 16, "targets": 4})
+  first = inference._evaluator(cfg, None)  # pylint: disable=protected-access
+  assert inference._evaluator(cfg, None) is first  # pylint: disable=protected-access
+  other = inference._evaluator(dataclasses.replace(cfg, seed=1), None)  # pylint: disable=protected-access
+  assert other is not first
