@@ -12,10 +12,19 @@ The classifier is the table, the chosen network (`--encoder` textcnn / lstm / ml
 emb_dim] as `--out` (.npy, for `prompts/ipt.gin`) and the network without its head beside it
 (`<out>.network.npz`, which `prompts/ipt_encoder.gin` loads, trains, and checks against
 IPT_ENCODER).
+
+A bad input (a missing or malformed --data, a missing --spm, a bad flag) is one line
+`prompt-jax ipt_pretrain: error: ...` and exit 2 before anything is written; a failure while
+training is one line and exit 1 (--verbose adds the traceback). The table and the network are
+written whole or not at all (each to a temporary file, then renamed).
 """
 import argparse
+import contextlib
 import json
 import logging
+import os
+import sys
+import traceback
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import flax.linen as nn
@@ -24,23 +33,37 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from prompt_jax import console
 from prompt_jax import trees
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.prompts import ipt
 
 
 def read_jsonl(path: str, text_key: str = "text",
                label_key: str = "label") -> Tuple[List[str], List[str]]:
   texts, labels = [], []
-  with open(path) as f:
-    for i, line in enumerate(f):
-      if not line.strip():
-        continue
-      row = json.loads(line)
-      if text_key not in row or label_key not in row:
-        raise ConfigError(f"{path}:{i + 1} lacks {text_key!r} or {label_key!r}")
-      texts.append(str(row[text_key]))
-      labels.append(str(row[label_key]))
+  if not os.path.isfile(path):
+    raise ConfigError(f"--data {path} is not a file; pass a JSONL file with one "
+                      f'{{"{text_key}": ..., "{label_key}": ...}} object per line')
+  try:
+    with open(path, encoding="utf-8") as f:
+      for i, line in enumerate(f):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except ValueError as e:
+          raise ConfigError(f"{path}:{i + 1} is not JSON ({e}); --data takes one JSON object "
+                            f"per line") from e
+        if not isinstance(row, dict) or text_key not in row or label_key not in row:
+          raise ConfigError(f"{path}:{i + 1} lacks {text_key!r} or {label_key!r} (--text_key / "
+                            f"--label_key name the fields)")
+        texts.append(str(row[text_key]))
+        labels.append(str(row[label_key]))
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"--data {path} is not UTF-8 text ({e.reason}); pass a JSONL file") from e
+  except OSError as e:
+    raise ConfigError(f"--data {path} cannot be read: {e.strerror or e}") from e
   if not texts:
     raise ConfigError(f"{path} has no examples")
   return texts, labels
@@ -135,8 +158,20 @@ def pretrain_table(tokens: np.ndarray, labels: Sequence[str], vocab_size: int, e
   return table, metrics
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+PROG = "prompt-jax ipt_pretrain"  # the prefix of its one-line errors
+EXIT_CONFIG_ERROR, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130  # as prompt_jax.cli
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose usage errors are a ConfigError (one line, exit 2) instead of usage + exit."""
+
+  def error(self, message):
+    raise ConfigError(f"{message} (python -m prompt_jax.prompts.ipt_pretrain --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = _Parser(prog="python -m prompt_jax.prompts.ipt_pretrain",
+                   description=__doc__.split("\n")[0])
   parser.add_argument("--data", required=True, help="JSONL with a text and a label per line")
   parser.add_argument("--out", required=True, help="where to write the [V, H] table (.npy)")
   parser.add_argument("--spm", default=None, help="SentencePiece model (default: T5's)")
@@ -153,21 +188,118 @@ def main(argv=None) -> None:
                       help="the network trained with the table (encoder IPT keeps it)")
   parser.add_argument("--hidden", type=int, default=256, help="LSTM / MLP hidden size")
   parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.INFO)
-  from prompt_jax.vocab import get_vocabulary  # pylint: disable=g-import-not-at-top
-  vocab = get_vocabulary(args.spm)
+  parser.add_argument("--verbose", action="store_true",
+                      help="print the traceback of an error (one line without it)")
+  return parser
+
+
+@contextlib.contextmanager
+def _stderr_discarded():
+  """fd 2 on /dev/null (C++ logging); a Python error raised inside still shows, after it."""
+  sys.stderr.flush()
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def _out_path(out: str) -> str:
+  """The table's path (np.save's: `.npy` appended when missing), checked before training."""
+  path = out if out.endswith(".npy") else out + ".npy"
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ConfigError(f"--out {out} is a directory; pass a file path such as {out}/table.npy")
+  if not os.path.isdir(parent):
+    raise ConfigError(f"--out {out}: directory {parent} does not exist; create it first")
+  if not os.access(parent, os.W_OK):
+    raise ConfigError(f"--out {out}: directory {parent} is not writable")
+  return path
+
+
+def _save(out: str, table: np.ndarray, network: Dict[str, np.ndarray], **meta) -> str:
+  """Writes the table at `out` and its network beside it, each whole or not at all."""
+  tmp = f"{out[:-len('.npy')]}.tmp{os.getpid()}.npy"
+  tmp_network = ipt.network_path(tmp)
+  try:
+    with open(tmp, "wb") as f:
+      np.save(f, table)
+    ipt.save_network(tmp, network, **meta)
+    network_file = ipt.network_path(out)
+    os.replace(tmp_network, network_file)
+    os.replace(tmp, out)
+  except OSError as e:
+    raise RunError(f"writing --out {out} failed ({e.strerror or e}); no partial file was "
+                   f"left: free space or pick another --out and rerun") from e
+  finally:
+    for path in (tmp, tmp_network):
+      if os.path.exists(path):
+        os.remove(path)
+  return network_file
+
+
+def main(argv=None) -> None:
+  """Pretrains and writes the table and network; raises on a bad input (see `console_main`)."""
+  args = _parser().parse_args(argv)
+  for flag in ("vocab_size", "emb_dim", "max_length", "steps", "batch_size", "filters",
+               "hidden"):
+    if vars(args)[flag] <= 0:
+      raise ConfigError(f"--{flag} must be positive, got {vars(args)[flag]}")
+  out = _out_path(args.out)
   texts, labels = read_jsonl(args.data, args.text_key, args.label_key)
-  tokens = encode_batch(texts, vocab.encode, args.max_length)
-  table, network, metrics = pretrain(
-      tokens, labels, args.vocab_size, args.emb_dim, steps=args.steps,
-      batch_size=args.batch_size, learning_rate=args.learning_rate, encoder=args.encoder,
-      filters=args.filters, hidden=args.hidden, seed=args.seed)
-  np.save(args.out, table)
-  network_file = ipt.save_network(args.out, network, encoder=args.encoder, widths=(3, 4, 5),
-                                  filters=args.filters, hidden=args.hidden)
-  print(json.dumps(dict(metrics, out=args.out, network=network_file, shape=list(table.shape))))
+  logging.basicConfig(level=logging.INFO)
+  # The vocabulary imports TensorFlow (seqio). jaxlib (imported with this package) fixed the C++
+  # log level before console.quiet could lower it, so TensorFlow's import and device set-up
+  # notices (cuInit on a machine without a GPU) go to a discarded fd 2 here.
+  if not args.verbose:
+    with _stderr_discarded():
+      console.import_tensorflow()
+  with console.quiet(enabled=not args.verbose):
+    from prompt_jax.vocab import get_vocabulary  # pylint: disable=g-import-not-at-top
+    try:
+      vocab = get_vocabulary(args.spm)
+    except FileNotFoundError as e:
+      raise ConfigError(f"--spm: {str(e).splitlines()[0]}") from e
+    tokens = encode_batch(texts, vocab.encode, args.max_length)
+    table, network, metrics = pretrain(
+        tokens, labels, args.vocab_size, args.emb_dim, steps=args.steps,
+        batch_size=args.batch_size, learning_rate=args.learning_rate, encoder=args.encoder,
+        filters=args.filters, hidden=args.hidden, seed=args.seed)
+    network_file = _save(out, table, network, encoder=args.encoder, widths=(3, 4, 5),
+                         filters=args.filters, hidden=args.hidden)
+  print(json.dumps(dict(metrics, out=out, network=network_file, shape=list(table.shape))))
+
+
+def console_main(argv=None) -> int:
+  """`python -m prompt_jax.prompts.ipt_pretrain`: `main` with the CLI's error contract (one line
+  `prompt-jax ipt_pretrain: error: ...`; exit 2 for a bad input, 1 for a run that cannot go on;
+  the traceback only with --verbose). prompts/ sits below the CLI (imports point down), so this
+  mirrors `prompt_jax.cli._error` instead of importing it."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  verbose = "--verbose" in argv
+  try:
+    main(argv)
+    return 0
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+  except Exception as e:  # pylint: disable=broad-except
+    if verbose:
+      traceback.print_exc()
+    text = str(e).splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, ConfigError):
+      print(f"{PROG}: error: {text or type(e).__name__}", file=sys.stderr, flush=True)
+      return EXIT_CONFIG_ERROR
+    if isinstance(e, RunError):
+      print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+      return EXIT_FAILURE
+    hint = "" if verbose else " (--verbose shows the traceback)"
+    print(f"{PROG}: error: {type(e).__name__}: {text}{hint}", file=sys.stderr, flush=True)
+    return EXIT_FAILURE
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(console_main())

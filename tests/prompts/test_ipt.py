@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.models import T5
 from prompt_jax.prompts import ipt, ipt_pretrain, seam
 from prompt_jax.prompts.tuning import PromptTuning
@@ -98,3 +98,80 @@ def test_ipt_pretraining_learns_and_writes_a_table(tmp_path):
   np.save(tmp_path / "t.npy", table)
   assert ipt.load_table(str(tmp_path / "t.npy"), V, 16).shape == (V, 16)
   del rng
+
+
+def _pretrain_cli(*argv, cwd):
+  """`python -m prompt_jax.prompts.ipt_pretrain ARGV` in a subprocess: (returncode, stderr)."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-m", "prompt_jax.prompts.ipt_pretrain", *argv],
+                        cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+  return proc.returncode, proc.stderr
+
+
+def _one_error_line(err, prefix="prompt-jax ipt_pretrain: error: "):
+  errors = [line for line in err.splitlines() if ": error:" in line]
+  assert len(errors) == 1 and errors[0].startswith(prefix), err
+  assert "Traceback" not in err, err
+  return errors[0]
+
+
+def test_ipt_pretrain_bad_data_is_one_line_exit_2_through_python_m(tmp_path):
+  """The documented `python -m` entry: a row without the label field and a missing --data are
+  one line each and exit 2 (no traceback), and no table is written."""
+  (tmp_path / "bad.jsonl").write_text('{"txt": "a", "label": "x"}\n')
+  code, err = _pretrain_cli("--data=bad.jsonl", "--out=t.npy", "--emb_dim=8", cwd=tmp_path)
+  assert code == 2, err
+  assert "bad.jsonl:1 lacks 'text' or 'label'" in _one_error_line(err)
+  code, err = _pretrain_cli("--data=nope.jsonl", "--out=t.npy", "--emb_dim=8", cwd=tmp_path)
+  assert code == 2, err
+  assert "--data nope.jsonl is not a file" in _one_error_line(err)
+  assert not list(tmp_path.glob("t*")), list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("data,argv,message", [
+    ('{"text": "a", "label": "x"}\nnot json\n', [], "bad.jsonl:2 is not JSON"),
+    ('["a", "x"]\n', [], "bad.jsonl:1 lacks 'text' or 'label'"),
+    ("", [], "has no examples"),
+    ('{"text": "a", "label": "x"}\n', ["--out=missing_dir/t.npy"], "does not exist; create it"),
+    ('{"text": "a", "label": "x"}\n', ["--emb_dim=0"], "--emb_dim must be positive"),
+    ('{"text": "a", "label": "x"}\n', ["--encoder=cnn"], "argument --encoder: invalid choice"),
+])
+def test_ipt_pretrain_bad_inputs_are_one_line_exit_2(tmp_path, monkeypatch, capsys, data, argv,
+                                                     message):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "bad.jsonl").write_text(data)
+  flags = {"--data": "bad.jsonl", "--out": "t.npy", "--emb_dim": "8"}
+  flags.update(a.split("=", 1) for a in argv)
+  assert ipt_pretrain.console_main([f"{k}={v}" for k, v in flags.items()]) == 2
+  assert message in _one_error_line(capsys.readouterr().err)
+  assert not list(tmp_path.glob("t*")) and not (tmp_path / "missing_dir").exists()
+
+
+def test_ipt_pretrain_verbose_adds_the_traceback(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  assert ipt_pretrain.console_main(["--data=nope.jsonl", "--out=t.npy", "--emb_dim=8",
+                                    "--verbose"]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.splitlines()[-1].startswith("prompt-jax ipt_pretrain: error:")
+
+
+def test_ipt_pretrain_writes_table_and_network_whole_or_not_at_all(tmp_path, monkeypatch):
+  table = np.ones((V, 4), np.float32)
+  network = {"conv2_kernel": np.ones((2, 4, 3), np.float32)}
+  meta = dict(encoder="textcnn", widths=(2,), filters=3, hidden=8)
+  out = str(tmp_path / "t.npy")
+  assert ipt_pretrain._save(out, table, network, **meta) == ipt.network_path(out)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["t.network.npz", "t.npy"]
+  np.testing.assert_array_equal(np.load(out), table)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(ipt, "save_network", full_disk)
+  with pytest.raises(RunError, match="no partial file was left"):
+    ipt_pretrain._save(str(tmp_path / "u.npy"), table, network, **meta)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["t.network.npz", "t.npy"]
