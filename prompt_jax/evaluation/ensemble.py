@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax import partitioning
 from prompt_jax import run_setup
 from prompt_jax import trees
@@ -183,27 +184,7 @@ class Member:
 def load_member(name: str, path: str, config, vocabulary) -> Member:
   """A prompt file or trained MODEL_DIR as a bank entry, or as its own module."""
   if os.path.isfile(path):
-    export = "export the prompt with `prompt-jax export --format=npy`"
-    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-    try:
-      with open(path, "rb") as f:
-        magic = f.read(6)
-    except OSError as e:
-      raise ConfigError(f"prompt {name!r}: {path} cannot be read "
-                        f"({layering.first_line(e)})") from e
-    if magic.startswith(b"PK\x03\x04"):  # np.savez: a zip of arrays
-      raise ConfigError(f"prompt {name!r}: {path} is an .npz archive, not a .npy prompt [P, H]; "
-                        f"{export}")
-    if magic != b"\x93NUMPY":
-      raise ConfigError(f"prompt {name!r}: {path} is not a .npy array file; {export}")
-    try:
-      array = np.load(path)  # allow_pickle=False: an object array is refused, not unpickled
-    except (OSError, ValueError, EOFError) as e:
-      raise ConfigError(f"prompt {name!r}: {path} is not a readable .npy array "
-                        f"({layering.first_line(e)}); {export}") from e
-    if array.dtype.kind not in "fiu":
-      raise ConfigError(f"prompt {name!r}: {path} holds {array.dtype} values; a prompt file is "
-                        f"a float array [P, H] ({export})")
+    array = npy.load(path, f"prompt {name!r}: {path}", npy.EXPORT_HINT)
     if array.ndim == 4:
       raise ConfigError(f"prompt {name!r}: {path} is a deep prefix {list(array.shape)}; give "
                         f"its MODEL_DIR instead (a prefix needs its layers' module)")

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 
 INSPECT_DIR = "inspect"  # MODEL_DIR/inspect/ for a run's prompt
@@ -310,12 +311,7 @@ def inspect_prompt(prompt: np.ndarray, table: np.ndarray, vocabulary, out_stem: 
 # ===== a prompt file or a run =====
 
 def load_prompt_file(path: str) -> np.ndarray:
-  if not os.path.isfile(path):
-    raise ConfigError(f"--prompt {path} does not exist: give a .npy prompt file [P, H]")
-  try:
-    prompt = np.load(path)
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"--prompt {path} is not a .npy array: {str(e).splitlines()[0]}") from e
+  prompt = npy.load(path, f"--prompt {path}", "give a .npy prompt file [P, H]")
   if prompt.ndim != 2:
     raise ConfigError(f"--prompt {path} has shape {prompt.shape}: inspect reads a [P, H] prompt "
                       f"(a deep prefix [2, L, P, D] holds key/value activations, not embeddings)")

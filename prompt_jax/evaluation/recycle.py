@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import recycling
 
@@ -43,15 +44,20 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _load_matrix(path: str, flag: str, kind: str) -> np.ndarray:
+  """A 2-D numeric .npy as float32 (`npy.load`'s one-line errors, naming `flag`)."""
+  array = npy.load(path, f"{flag} {path}", f"pass a {kind} as one numeric .npy (numpy.save)")
+  if array.ndim != 2:
+    raise ConfigError(f"{flag} {path} has shape {array.shape}; expected a {kind}")
+  return array.astype(np.float32)
+
+
 def embedding_table(path: str, what: str) -> np.ndarray:
   """[V, H] float32: a .npy table, or `token_embedder/embedding` of a checkpoint."""
   if path.endswith(".npy"):
     if not os.path.exists(path):
       raise ConfigError(f"--{what} {path} does not exist; pass a checkpoint or a [V, H] .npy")
-    table = np.load(path)
-    if table.ndim != 2:
-      raise ConfigError(f"--{what} {path} has shape {table.shape}; expected a [V, H] table")
-    return table.astype(np.float32)
+    return _load_matrix(path, f"--{what}", "[V, H] embedding table")
   from prompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
   try:  # the table alone: the other weights of the checkpoint are never read
     return checkpoints.load_array(path, "token_embedder/embedding", np.float32)
@@ -64,6 +70,9 @@ def embedding_table(path: str, what: str) -> np.ndarray:
 def _check_vocabularies(source: Optional[str], target: Optional[str]) -> None:
   if source is None or target is None:
     return
+  for flag, path in (("--source_vocabulary", source), ("--target_vocabulary", target)):
+    if not os.path.isfile(path):
+      raise ConfigError(f"{flag} {path} is not a file; pass a SentencePiece .model file")
   with open(source, "rb") as f, open(target, "rb") as g:
     if f.read() != g.read():
       raise ConfigError(f"--source_vocabulary {source} and --target_vocabulary {target} differ: "
@@ -83,7 +92,7 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     raise ConfigError(f"--prompt {prompt_path} does not exist; pass a trained [P, H] .npy "
                       f"(MODEL_DIR/numpy_checkpoints/checkpoint_<step>/...npy)")
   _check_vocabularies(source_vocabulary, target_vocabulary)
-  prompt = np.load(prompt_path).astype(np.float32)
+  prompt = _load_matrix(prompt_path, "--prompt", "trained [P, H] prompt")
   source_table = embedding_table(source, "source")
   target_table = embedding_table(target, "target")
   try:
@@ -91,6 +100,8 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     rows = recycling.select_rows(source_table.shape[0], num_words, word_offset)
   except ValueError as e:
     raise ConfigError(str(e)) from e
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise ConfigError(f"--output_dir {output_dir} is a file; pass a directory (it is created)")
   os.makedirs(output_dir, exist_ok=True)
   report = {"rows": [int(rows[0]), int(rows[-1])], "prompt": os.path.abspath(prompt_path)}
   for method in methods:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 
 Array = jax.Array
@@ -137,12 +138,7 @@ def array_init(value, what: str = "prompt array") -> PromptInit:
 
 
 def load_prompt_file(path: str) -> np.ndarray:
-  if not path or not os.path.exists(path):
-    raise ConfigError(f"PROMPT_FILE {path!r} does not exist")
-  try:
-    return np.load(path)
-  except (ValueError, OSError) as e:
-    raise ConfigError(f"PROMPT_FILE {path!r} is not a .npy array: {e}") from e
+  return npy.load(path, f"PROMPT_FILE {path!r}", npy.EXPORT_HINT)
 
 
 def file_init(path: str) -> PromptInit:

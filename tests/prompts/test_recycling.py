@@ -130,6 +130,67 @@ def test_other_bad_inputs(models, tmp_path):
   assert code == 2 and "differ: recycling needs two models that share one vocabulary" in err
 
 
+def _bad_arrays(tmp_path):
+  pickled = tmp_path / "pickled.npy"
+  np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+  archive = tmp_path / "p.npz"
+  np.savez(archive, prompt=np.zeros((5, 16), np.float32))
+  text = tmp_path / "text.npy"
+  text.write_text("not an array")
+  words = tmp_path / "words.npy"
+  np.save(words, np.array([["a", "b"]]))
+  return [(pickled, "is not a readable .npy array (it holds pickled Python objects)"),
+          (archive, "is an .npz archive"),
+          (text, "is not a .npy array file"), (words, "holds <U1 values, not numbers")]
+
+
+def _one_error_line(err):
+  lines = [line for line in err.splitlines() if ": error:" in line]
+  assert len(lines) == 1 and lines[0].startswith("prompt-jax recycle: error: "), err
+  assert "Traceback" not in err, err
+  return lines[0]
+
+
+def test_unreadable_prompt_or_table_is_one_line_exit_2(models, tmp_path):
+  """A --prompt (or a .npy --source / --target) that is a pickled object array, an .npz, no .npy
+  at all or not numbers: one actionable line, exit 2, nothing written."""
+  root, paths, _, _, _ = models
+  out_dir = tmp_path / "o"
+  for bad, message in _bad_arrays(tmp_path):
+    code, out, err = _cli([f"--prompt={bad}", f"--source={paths['source']}",
+                           f"--target={paths['mapped']}", f"--output_dir={out_dir}",
+                           "--num_words=80"])
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert f"--prompt {bad} {message}" in line and "[P, H] prompt" in line, line
+    assert "allow_pickle" not in line and not out and not out_dir.exists()
+    if str(bad).endswith(".npz"):  # a --source / --target not ending .npy is a checkpoint
+      continue
+    for flag in ("source", "target"):
+      argv = {"prompt": root / "prompt.npy", "source": paths["source"],
+              "target": paths["mapped"], flag: bad}
+      code, _, err = _cli([f"--{k}={v}" for k, v in argv.items()]
+                          + [f"--output_dir={out_dir}", "--num_words=80"])
+      assert code == 2, err
+      line = _one_error_line(err)
+      assert f"--{flag} {bad} {message}" in line and "[V, H] embedding table" in line, line
+      assert not out_dir.exists()
+
+
+def test_missing_vocabulary_file_and_a_file_in_the_way_are_one_line(models, tmp_path):
+  root, paths, _, _, _ = models
+  base = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--target={paths['mapped']}", "--num_words=80", "--word_offset=10"]
+  code, _, err = _cli(base + [f"--output_dir={tmp_path / 'o'}",
+                              f"--source_vocabulary={tmp_path / 'nope.model'}",
+                              f"--target_vocabulary={tmp_path / 'nope.model'}"])
+  assert code == 2 and "--source_vocabulary" in _one_error_line(err)
+  in_the_way = tmp_path / "a_file"
+  in_the_way.write_text("")
+  code, _, err = _cli(base + [f"--output_dir={in_the_way}"])
+  assert code == 2 and f"--output_dir {in_the_way} is a file" in _one_error_line(err)
+
+
 def test_recyclers_directly():
   rng = np.random.RandomState(1)
   s = rng.randn(50, 8)
