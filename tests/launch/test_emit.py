@@ -125,8 +125,10 @@ def test_tpu_vm_script(tmp_path):
   assert all("gs://bucket/sweeps/tiny/" in " ".join(c) for c in calls)
 
 
-def test_local_script(tmp_path):
-  sweep, out, _ = _emit(tmp_path, helpers.TINY_SPEC, "--target=local-script")
+def _run_local_script(tmp_path, spec_text):
+  """(sweep, output) of the emitted local.sh run against a recording `prompt-jax`, which must
+  have received every job's train command, then every group's eval commands."""
+  sweep, out, _ = _emit(tmp_path, spec_text, "--target=local-script")
   script = os.path.join(out, "local.sh")
   _bash_n(script)
   fakes = tmp_path / "bin"
@@ -138,6 +140,11 @@ def test_local_script(tmp_path):
   assert rc == 0, output
   assert _records(record) == [j.train_args() for j in sweep.jobs] + [
       args for jobs in sweep.groups().values() for args in emit.group_eval_commands(sweep, jobs)]
+  return sweep, output
+
+
+def test_local_script(tmp_path):
+  _run_local_script(tmp_path, helpers.TINY_SPEC)
 
 
 def _arms(script_text):
@@ -219,19 +226,8 @@ def test_local_script_with_axis_names_that_need_quoting(tmp_path):
   text = helpers.TINY_SPEC.replace("  PROMPT_LENGTH: [4, 8]\n  init:\n", (
       "  train/prompt_jax.DatasetConfig.shuffle: [true, false]\n  my init:\n")).replace(
           "seeds: [0, 1]\n", "")
-  sweep, out, _ = _emit(tmp_path, text, "--target=local-script")
+  sweep, output = _run_local_script(tmp_path, text)
   assert len(sweep.jobs) == 4
-  script = os.path.join(out, "local.sh")
-  _bash_n(script)
-  fakes = tmp_path / "bin"
-  fakes.mkdir()
-  helpers.write_executable(fakes, "prompt-jax", RECORDER)
-  record = str(tmp_path / "calls.jsonl")
-  rc, output = _run_script(["bash", script], helpers.job_env({"FAKE_RECORD": record},
-                                                             [str(fakes)]))
-  assert rc == 0, output
-  assert _records(record) == [j.train_args() for j in sweep.jobs] + [
-      args for jobs in sweep.groups().values() for args in emit.group_eval_commands(sweep, jobs)]
   assert f"== {sweep.jobs[0].name}" in output
   assert "== train-prompt_jax.DatasetConfig.shuffle-True__my-init-uniform" in output
 
