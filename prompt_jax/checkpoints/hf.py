@@ -69,11 +69,23 @@ def config_from_hf(hf: Dict[str, Any], path: str) -> T5Config:
       num_encoder_layers=num_layers,
       num_decoder_layers=hf.get("num_decoder_layers") or num_layers,
       mlp_activations=_activations(hf.get("feed_forward_proj", "relu"), path),
-      logits_via_embedding=bool(hf.get("tie_word_embeddings", True)),
+      logits_via_embedding=_logits_via_embedding(hf),
       dropout_rate=hf.get("dropout_rate", 0.1),
       relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
       relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
   )
+
+
+def _logits_via_embedding(hf: Dict[str, Any]) -> bool:
+  """Whether the logits are the embedding's transpose times the output scaled by d_model^-0.5
+  (T5 1.0) rather than an output projection (T5 1.1, flan, LM-adapted, mT5). transformers >= 5
+  writes `tie_word_embeddings: true` for every T5 and says this in `scale_decoder_outputs`
+  (its projection may then be `shared.weight` itself); earlier versions only in the tie."""
+  if hf.get("tie_word_embeddings") is False:  # T5 1.1 as transformers 4 wrote it
+    return False
+  if hf.get("scale_decoder_outputs") is not None:
+    return bool(hf["scale_decoder_outputs"])
+  return True
 
 
 def check_compatible(config: T5Config, checkpoint_config: T5Config, path: str):
@@ -214,6 +226,10 @@ class HFCheckpoint:
     tensors = _tensor_arrays(path)
     if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
       tensors["shared.weight"] = tensors["encoder.embed_tokens.weight"]
+    if not tied and "lm_head.weight" not in tensors and "shared.weight" in tensors:
+      # An output projection tied to the embedding (transformers >= 5 saves it once, as
+      # shared.weight): the same matrix, without T5 1.0's scaling.
+      tensors["lm_head.weight"] = tensors["shared.weight"]
     self.arrays: Dict[str, arrays_lib.LazyArray] = {}
     for hf_name, lazy in tensors.items():
       name = t5x_name(hf_name, tied)

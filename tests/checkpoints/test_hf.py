@@ -77,3 +77,37 @@ def test_hf_name_mapping_edge_cases():
 
 def test_file_inside_an_hf_dir_resolves_to_it(hf_models):
   assert checkpoints.detect_format(hf_models["t5_1_0"].dir / "model.safetensors") == "hf"
+
+
+@pytest.mark.parametrize("resaved", [False, True])
+def test_t5_1_1_saved_by_transformers_5_gives_hf_logits(tmp_path, resaved):
+  """transformers >= 5 writes `tie_word_embeddings: true` for every T5 and marks T5 1.1's
+  unscaled output projection with `scale_decoder_outputs: false` (saved once as shared.weight
+  when tied; a re-saved untied model keeps its own lm_head.weight): either loads to HF's logits,
+  within float32 rounding of a float64 forward pass."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  hf_config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                    num_decoder_layers=2, num_heads=4,
+                                    feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+  model = transformers.T5ForConditionalGeneration(hf_config).eval()
+  if resaved:  # an untied (transformers 4) checkpoint, loaded and saved again
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(64, 32))
+  model.save_pretrained(tmp_path / "hf")
+  saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert saved.get("scale_decoder_outputs") is False, saved  # what transformers 5 writes
+  config, params = checkpoints.load(tmp_path / "hf")
+  assert not config.logits_via_embedding
+  enc = np.array([[5, 6, 7, 8, 1]], np.int32)
+  dec_in = np.array([[0, 9, 10]], np.int32)
+  ours = np.asarray(T5(config.replace(dtype=jnp.float32)).apply(
+      {"params": params}, enc, dec_in, np.array([[9, 10, 1]], np.int32), enable_dropout=False))
+  with torch.no_grad():
+    ids = dict(input_ids=torch.tensor(enc, dtype=torch.long),
+               decoder_input_ids=torch.tensor(dec_in, dtype=torch.long))
+    theirs = model(**ids).logits.numpy()
+    exact = model.double()(**ids).logits.numpy()
+  from tests import numerics  # pylint: disable=g-import-not-at-top
+  numerics.assert_close(ours, theirs, exact, what="logits of a transformers-5 T5 1.1")
