@@ -5,7 +5,10 @@
 
 Examples are shown as text after the task's text preprocessors (what the model reads, before
 tokenization); `--tokens` runs the full pipeline and shows token ids and their decoding (which
-shows token-level steps such as the target sentinel), and needs the SentencePiece model.
+shows token-level steps such as the target sentinel) with each feature's own vocabulary. Tasks
+on the package's T5 vocabulary (`features.VOCABULARY`) need its SentencePiece model: --spm_path,
+else $PROMPT_JAX_SPM_PATH, else T5's GCS model; tasks with another vocabulary ignore --spm_path.
+Bad input (unknown task or split, missing or malformed data) exits 2, other failures 1.
 """
 import argparse
 import os
@@ -16,12 +19,16 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from prompt_jax import errors
 from prompt_jax import vocab as vocab_lib
+from prompt_jax.tasks import features
 from prompt_jax.tasks import few_shot
 from prompt_jax.tasks import readers
 from prompt_jax.tasks import registration
 from prompt_jax.tasks import sources
 
+EXIT_CONFIG_ERROR = 2  # bad input, as every other subcommand
+EXIT_FAILURE = 1
 _TOKENIZE_STEPS = (seqio.preprocessors.tokenize, seqio.preprocessors.tokenize_and_append_eos)
 
 
@@ -108,16 +115,32 @@ def _list(substring: str) -> int:
   return 0
 
 
+def _is_default(vocab: seqio.Vocabulary) -> bool:
+  """Whether `vocab` is the package's T5 vocabulary (compared without loading it)."""
+  return isinstance(vocab, features.LazyVocabulary) and vocab == features.VOCABULARY
+
+
+def _show_tokens(args: argparse.Namespace) -> int:
+  """Token ids after the full pipeline, decoded with each feature's own vocabulary."""
+  output_features = _task(args.name).output_features
+  vocabs = {k: output_features[k].vocabulary for k in ("inputs", "targets")
+            if k in output_features}
+  if args.spm_path and not any(_is_default(v) for v in vocabs.values()):
+    own = ", ".join(sorted({type(v).__name__ for v in vocabs.values()}))
+    print(f"prompt-jax tasks: note: --spm_path is not used; {args.name} has its own vocabulary "
+          f"({own})", file=sys.stderr)
+  for i, ex in enumerate(token_examples(args.name, args.split, args.num_examples)):
+    print(f"--- example {i}")
+    for key, vocab in vocabs.items():
+      if key in ex:
+        print(f"{key} ({len(ex[key])} tokens): {ex[key]}")
+        print(f"{key} decoded: {vocab.decode(ex[key])}")
+  return 0
+
+
 def _show(args: argparse.Namespace) -> int:
   if args.tokens:
-    vocab = vocab_lib.get_vocabulary()
-    for i, ex in enumerate(token_examples(args.name, args.split, args.num_examples)):
-      print(f"--- example {i}")
-      for key in ("inputs", "targets"):
-        if key in ex:
-          print(f"{key} ({len(ex[key])} tokens): {ex[key]}")
-          print(f"{key} decoded: {vocab.decode(ex[key])}")
-    return 0
+    return _show_tokens(args)
   for i, ex in enumerate(text_examples(args.name, args.split, args.num_examples)):
     print(f"--- example {i}")
     for key in ("inputs", "targets"):
@@ -131,7 +154,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
   """Entry point of `prompt-jax tasks` (argv excludes the program and subcommand names)."""
-  parser = argparse.ArgumentParser(
+  parser = errors.OneLineParser(
       prog="prompt-jax tasks",
       description="List registered seqio tasks, or show preprocessed examples of one.")
   parser.add_argument("name", nargs="?", help="task to show; omit to list all tasks")
@@ -141,9 +164,12 @@ def main(argv: Sequence[str]) -> int:
   parser.add_argument("--data_dir", default=None,
                       help=f"local data dir (else gin/${sources.DATA_DIR_ENV}; unset: TFDS)")
   parser.add_argument("--tokens", action="store_true",
-                      help="show token ids after the full pipeline (needs the vocabulary)")
+                      help="show token ids after the full pipeline, decoded with the task's own "
+                           "vocabulary (T5's SentencePiece model for the package's tasks)")
   parser.add_argument("--spm_path", default=None,
-                      help=f"SentencePiece model for --tokens (else ${vocab_lib.SPM_PATH_ENV})")
+                      help="T5 SentencePiece model for --tokens on tasks with the package's "
+                           f"default vocabulary (else ${vocab_lib.SPM_PATH_ENV}, else T5's GCS "
+                           "model); tasks with their own vocabulary ignore it")
   args = parser.parse_args(list(argv))
   if args.data_dir:
     sources.set_data_dir(args.data_dir)
@@ -155,8 +181,9 @@ def main(argv: Sequence[str]) -> int:
     return _show(args)
   except (registration.UnknownTaskError, readers.DataFormatError, FileNotFoundError,
           ValueError) as e:
-    print(f"prompt-jax tasks: error: {e}", file=sys.stderr)
-    return 1
-  except tf.errors.OpError as e:  # E.g. a TFDS label outside the label set.
+    print(f"prompt-jax tasks: error: {(str(e) or type(e).__name__).splitlines()[0]}",
+          file=sys.stderr)
+    return EXIT_CONFIG_ERROR
+  except tf.errors.OpError as e:  # E.g. a TFDS label outside the label set: not the input.
     print(f"prompt-jax tasks: error: {e.message.splitlines()[0]}", file=sys.stderr)
-    return 1
+    return EXIT_FAILURE

@@ -270,6 +270,7 @@ def train(*, model_dir: str = gin.REQUIRED,
       jax.block_until_ready(metrics)
       summaries.log(startup.first_step_done())
       train_writer.write_scalars(done, startup.scalars())
+      progress.start(done)  # steps/s and the ETA leave out start-up and the compile
     elif new_bucket:  # a pause the steps/s would show unexplained (one sync, on this step only)
       jax.block_until_ready(metrics)
       summaries.log(buckets.line(done, batch, time.perf_counter() - began))
@@ -295,6 +296,8 @@ def train(*, model_dir: str = gin.REQUIRED,
       _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
     if eval_period and (done % eval_period == 0 or last):
       final_metrics = evaluate(done)
+      if final_metrics:  # and evaluations (which waited for the steps so far)
+        progress.start(done)
     if stop_after_step is not None and done == stop_after_step:
       break
   else:

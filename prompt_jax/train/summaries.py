@@ -21,29 +21,49 @@ def writer(model_dir: str, *parts: str) -> metric_writers.MetricWriter:
 
 
 class Progress:
-  """Formats 'step 120/1000 loss 1.234 lr 0.3 12.3 steps/s 98.4 examples/s ETA 00:01:12'."""
+  """Formats 'step 120/1000 loss 1.234 lr 0.3 12.3 steps/s 98.4 examples/s ETA 00:01:12'.
 
-  def __init__(self, start_step: int, total_steps: int, batch_size: int):
+  The rate counts training steps only: its clock runs from `start()`, which the loop calls once
+  the first step (its compile included) is done and again after each evaluation, so start-up and
+  evaluation time stay out of steps/s, the ETA and TensorBoard's timing/*. A line with no step
+  since then shows '?'.
+  """
+
+  def __init__(self, start_step: int, total_steps: int, batch_size: int,
+               clock: Callable[[], float] = time.monotonic):
     self.total_steps = total_steps
     self.batch_size = batch_size
+    self._clock = clock
     self._last_step = start_step
-    self._last_time = time.time()
-    self.steps_per_sec = 0.0
+    self._last_time: Optional[float] = None  # the clock has not started
+    self.steps_per_sec: Optional[float] = None
+
+  def start(self, step: int) -> None:
+    """(Re)starts the clock at `step`, which the device has finished."""
+    self._last_step, self._last_time = step, self._clock()
 
   def line(self, step: int, metrics: Mapping[str, float], lr: float) -> str:
-    now = time.time()
-    steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
+    now = self._clock()
+    steps_per_sec = None
+    if self._last_time is not None and step > self._last_step:
+      steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_step, self._last_time = step, now
     self.steps_per_sec = steps_per_sec
-    eta_str = (console.clock_text((self.total_steps - step) / steps_per_sec)
-               if steps_per_sec > 0 else "?")
+    if steps_per_sec is None:
+      rate = "? steps/s ? examples/s ETA ?"
+    else:
+      eta_str = (console.clock_text((self.total_steps - step) / steps_per_sec)
+                 if steps_per_sec > 0 else "?")
+      rate = (f"{steps_per_sec:.2f} steps/s {steps_per_sec * self.batch_size:.1f} examples/s "
+              f"ETA {eta_str}")
     return (f"step {step}/{self.total_steps} loss {metrics['loss']:.4f} "
-            f"accuracy {metrics.get('accuracy', float('nan')):.3f} lr {lr:.4g} "
-            f"{steps_per_sec:.2f} steps/s {steps_per_sec * self.batch_size:.1f} examples/s "
-            f"ETA {eta_str}")
+            f"accuracy {metrics.get('accuracy', float('nan')):.3f} lr {lr:.4g} {rate}")
 
   @staticmethod
-  def timing(steps_per_sec: float, batch_size: int) -> Mapping[str, float]:
+  def timing(steps_per_sec: Optional[float], batch_size: int) -> Mapping[str, float]:
+    """TensorBoard's timing/* scalars (none while the rate is unknown)."""
+    if steps_per_sec is None:
+      return {}
     return {"timing/steps_per_second": steps_per_sec,
             "timing/examples_per_second": steps_per_sec * batch_size}
 

@@ -1,4 +1,9 @@
 """`prompt-jax tasks` (tasks.inspect.main): listing and showing examples."""
+import pytest
+import seqio
+import tensorflow as tf
+
+from prompt_jax import vocab as vocab_lib
 from prompt_jax.tasks import inspect
 
 
@@ -33,7 +38,82 @@ def test_shows_tokens(shared_data, spm_path, capsys):
 
 
 def test_unknown_task_is_a_one_line_error(capsys):
-  assert inspect.main(["super_glue_rte"]) == 1
+  assert inspect.main(["super_glue_rte"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("prompt-jax tasks: error: unknown task or mixture 'super_glue_rte'")
   assert "\n" not in err
+
+
+BYTE_TASK = "inspect_test_byte_vocabulary"
+
+
+@pytest.fixture
+def byte_task(monkeypatch):
+  """A registered task on seqio's ByteVocabulary; T5's vocabulary points at a missing file, so
+  any use of it fails at once (and offline) instead of showing T5 pieces."""
+  monkeypatch.setenv(vocab_lib.SPM_PATH_ENV, "/nonexistent/t5_spiece.model")
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({"inputs": ["ab"], "targets": ["c"]})
+
+  vocab = seqio.ByteVocabulary()
+  seqio.TaskRegistry.add(
+      BYTE_TASK, source=seqio.FunctionDataSource(dataset_fn, splits=("validation",)),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={k: seqio.Feature(vocab, add_eos=True) for k in ("inputs", "targets")})
+  yield BYTE_TASK
+  seqio.TaskRegistry.remove(BYTE_TASK)
+
+
+def test_tokens_use_the_tasks_own_vocabulary(byte_task, capsys):
+  assert inspect.main([byte_task, "-n", "1", "--tokens"]) == 0
+  # ByteVocabulary: id = byte + 3 ("a" = 97 -> 100), EOS 1; T5's model would show other pieces.
+  assert capsys.readouterr().out.splitlines() == [
+      "--- example 0",
+      "inputs (3 tokens): [100, 101, 1]",
+      "inputs decoded: ab",
+      "targets (2 tokens): [102, 1]",
+      "targets decoded: c",
+  ]
+
+
+def test_spm_path_is_ignored_for_a_task_with_its_own_vocabulary(byte_task, capsys):
+  argv = [byte_task, "-n", "1", "--tokens", "--spm_path", "/nonexistent/other.model"]
+  assert inspect.main(argv) == 0
+  captured = capsys.readouterr()
+  assert "inputs decoded: ab" in captured.out.splitlines()
+  assert captured.err.strip() == (f"prompt-jax tasks: note: --spm_path is not used; {byte_task} "
+                                  "has its own vocabulary (ByteVocabulary)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["super_glue_rte"], "unknown task or mixture 'super_glue_rte'"),
+    ([BYTE_TASK, "--split", "train"], f"task '{BYTE_TASK}' has no split 'train'"),
+    (["super_glue_rte_v102", "--data_dir", "/nonexistent/data"], "data dir /nonexistent/data"),
+])
+def test_bad_input_exits_2(byte_task, argv, message, capsys):
+  del byte_task
+  assert inspect.main(argv) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f"prompt-jax tasks: error: {message}")
+  assert "\n" not in err
+
+
+def test_a_failing_pipeline_is_not_bad_input(capsys):
+  """A TensorFlow op that fails while reading (not the user's input) stays exit 1."""
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices({"targets": ["c"]}).map(
+        lambda ex: {"targets": tf.strings.to_number(ex["targets"])})
+
+  name = "inspect_test_failing_pipeline"
+  seqio.TaskRegistry.add(
+      name, source=seqio.FunctionDataSource(dataset_fn, splits=("validation",)),
+      preprocessors=[], output_features={"targets": seqio.Feature(seqio.ByteVocabulary())})
+  try:
+    assert inspect.main([name, "-n", "1"]) == 1
+  finally:
+    seqio.TaskRegistry.remove(name)
+  assert capsys.readouterr().err.startswith("prompt-jax tasks: error: ")
