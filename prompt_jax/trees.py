@@ -9,6 +9,8 @@ import flax
 import flax.linen as nn
 from flax import traverse_util
 
+from prompt_jax.errors import ConfigError
+
 PyTree = Any
 
 
@@ -20,8 +22,20 @@ def unflatten(flat: Mapping[str, Any]) -> Dict[str, Any]:
   return traverse_util.unflatten_dict(dict(flat), sep="/")
 
 
+def _compiled(trainable_regex: str) -> re.Pattern:
+  """TRAINABLE_REGEX compiled (re caches it); a bad one is a one-line ConfigError."""
+  if not isinstance(trainable_regex, (str, re.Pattern)):
+    raise ConfigError(f"TRAINABLE_REGEX {trainable_regex!r} is not a string; set it to a "
+                      f"quoted regular expression, e.g. TRAINABLE_REGEX = 'encoder/prompt/.*'")
+  try:
+    return re.compile(trainable_regex)
+  except re.error as e:
+    raise ConfigError(f"TRAINABLE_REGEX {trainable_regex!r} is not a valid regular expression "
+                      f"({e}); fix the pattern (a literal ( [ + * ? needs a backslash)") from e
+
+
 def is_trainable(path: str, trainable_regex: str) -> bool:
-  return re.fullmatch(trainable_regex, path) is not None
+  return _compiled(trainable_regex).fullmatch(path) is not None
 
 
 def split(tree: Mapping[str, Any], trainable_regex: str) -> Tuple[Dict, Dict]:

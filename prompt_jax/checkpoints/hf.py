@@ -17,6 +17,7 @@ mmap=True)`. Sharded checkpoints (`*.index.json`) are supported.
 """
 import json
 import os
+import pickle
 import re
 from typing import Any, Dict, Optional, Tuple
 
@@ -38,6 +39,9 @@ _SAFETENSORS_DTYPES = {
 }
 _ATTENTION = {"q": "query", "k": "key", "v": "value", "o": "out"}
 _BLOCK_RE = re.compile(r"^(encoder|decoder)\.block\.(\d+)\.layer\.(\d+)\.(.+)\.weight$")
+_REQUIRED = ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff", "num_layers")
+_LFS_POINTER = b"version https://git-lfs"
+_DOWNLOAD_AGAIN = "download it again"
 
 
 def is_hf_dir(path: str) -> bool:
@@ -54,11 +58,24 @@ def _activations(feed_forward_proj: str, path: str) -> Tuple[str, ...]:
   return known[feed_forward_proj]
 
 
+_LAYER_NORM_EPSILON = 1e-6  # models/layers.py LayerNorm
+
+
 def config_from_hf(hf: Dict[str, Any], path: str) -> T5Config:
   """The T5Config of an HF T5 `config.json` dict."""
   if hf.get("model_type", "t5") not in ("t5", "mt5"):
     raise CheckpointError(f"{path}/{CONFIG_FILE} has model_type {hf.get('model_type')!r}; "
                           "only 't5' and 'mt5' share T5's parameter layout")
+  missing = [field for field in _REQUIRED if field not in hf]
+  if missing:
+    raise CheckpointError(f"{path}/{CONFIG_FILE} lacks required field(s) {', '.join(missing)} "
+                          f"(a T5 config.json has {', '.join(_REQUIRED)}); use the model's "
+                          f"own config.json")
+  epsilon = hf.get("layer_norm_epsilon", _LAYER_NORM_EPSILON)
+  if epsilon != _LAYER_NORM_EPSILON:  # every T5 (1.0, 1.1, flan, mT5) uses T5's 1e-6
+    raise CheckpointError(f"{path}/{CONFIG_FILE} has layer_norm_epsilon={epsilon!r}; prompt_jax's "
+                          f"T5 layer norms use T5's {_LAYER_NORM_EPSILON}, so its outputs would "
+                          f"differ from the model's")
   num_layers = hf["num_layers"]
   return T5Config(
       vocab_size=hf["vocab_size"],
@@ -149,14 +166,72 @@ def _transposes(t5x: str) -> bool:
   return t5x.endswith("/kernel") or t5x.endswith("relpos_bias/rel_embedding")
 
 
+def _read_json(filename: str) -> Dict[str, Any]:
+  """A JSON object file (config.json, an index); damaged or another kind: a CheckpointError."""
+  try:
+    with open(filename) as f:
+      content = json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise CheckpointError(f"{filename} is not valid JSON ({e}); {_DOWNLOAD_AGAIN}") from e
+  if not isinstance(content, dict):
+    raise CheckpointError(f"{filename} holds a JSON {type(content).__name__}, not an object; "
+                          f"{_DOWNLOAD_AGAIN}")
+  return content
+
+
 # --- tensor files -------------------------------------------------------------------------
+
+
+def _unreadable(filename: str, kind: str, reason: str) -> CheckpointError:
+  return CheckpointError(f"{filename} is not a readable {kind} ({reason}: truncated or damaged "
+                         f"download?); {_DOWNLOAD_AGAIN}")
+
+
+def _check_not_lfs_pointer(filename: str) -> None:
+  """A Git LFS pointer in place of the weights (a clone without `git lfs`) says so."""
+  try:
+    with open(filename, "rb") as f:
+      head = f.read(len(_LFS_POINTER))
+  except OSError as e:
+    raise CheckpointError(f"{filename} cannot be read ({e.strerror or e})") from e
+  if head == _LFS_POINTER:
+    raise CheckpointError(f"{filename} is a Git LFS pointer, not the weights; fetch them with "
+                          f"`git lfs pull` in {os.path.dirname(filename) or '.'} or "
+                          f"{_DOWNLOAD_AGAIN}")
+
+
+def _safetensors_header(filename: str) -> Tuple[int, Dict[str, Any]]:
+  """(header size, header) of a .safetensors file, checked against the file's length."""
+  _check_not_lfs_pointer(filename)
+  size = os.path.getsize(filename)
+  with open(filename, "rb") as f:
+    head = f.read(8)
+    header_size = int.from_bytes(head, "little") if len(head) == 8 else 0
+    if not 0 < header_size <= size - 8:
+      raise _unreadable(filename, "safetensors file", "no valid header")
+    try:
+      header = json.loads(f.read(header_size))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+      raise _unreadable(filename, "safetensors file", "its header is not JSON") from e
+  if not isinstance(header, dict):
+    raise _unreadable(filename, "safetensors file", "its header is not a JSON object")
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if (not isinstance(offsets, list) or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets) or not {"dtype", "shape"} <= info.keys()):
+      raise _unreadable(filename, "safetensors file", f"its header entry {name!r} is malformed")
+    end = 8 + header_size + offsets[1]
+    if end > size:
+      raise _unreadable(filename, "safetensors file",
+                        f"tensor {name} ends at byte {end}, the file at byte {size}")
+  return header_size, header
 
 
 def _safetensors_arrays(filename: str) -> Dict[str, arrays_lib.LazyArray]:
   """Lazy arrays of a .safetensors file: 8-byte header size, JSON header, raw C-order data."""
-  with open(filename, "rb") as f:
-    header_size = int.from_bytes(f.read(8), "little")
-    header = json.loads(f.read(header_size))
+  header_size, header = _safetensors_header(filename)
   out = {}
   for name, info in header.items():
     if name == "__metadata__":
@@ -180,10 +255,22 @@ def _safetensors_arrays(filename: str) -> Dict[str, arrays_lib.LazyArray]:
 def _torch_arrays(filename: str) -> Dict[str, arrays_lib.LazyArray]:
   import torch  # pylint: disable=g-import-not-at-top
 
+  _check_not_lfs_pointer(filename)
+  # What torch.load raises for a truncated or damaged file (OSError: a truncated zip; a
+  # missing or unreadable file was ruled out above). Its UnpicklingError text advises
+  # weights_only=False, which would run arbitrary code: never shown.
+  damaged = (pickle.UnpicklingError, EOFError, RuntimeError, OSError)
   try:
-    state = torch.load(filename, map_location="cpu", weights_only=True, mmap=True)
-  except RuntimeError:  # Legacy (non-zip) torch files cannot be memory-mapped.
-    state = torch.load(filename, map_location="cpu", weights_only=True)
+    try:
+      state = torch.load(filename, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # Legacy (non-zip) torch files cannot be memory-mapped.
+      state = torch.load(filename, map_location="cpu", weights_only=True)
+  except damaged as e:
+    raise _unreadable(filename, "PyTorch checkpoint", "torch.load(weights_only=True) failed"
+                      ) from e
+  if not isinstance(state, dict):
+    raise CheckpointError(f"{filename} holds a {type(state).__name__}, not a state dict of "
+                          f"tensors; save the model with save_pretrained")
   out = {}
   for name, tensor in state.items():
     bf16 = tensor.dtype == torch.bfloat16
@@ -202,10 +289,14 @@ def _tensor_arrays(path: str) -> Dict[str, arrays_lib.LazyArray]:
                              ("pytorch_model.bin.index.json", _torch_arrays)):
     index_file = os.path.join(path, index_name)
     if os.path.isfile(index_file):
-      with open(index_file) as f:
-        weight_map = json.load(f)["weight_map"]
+      weight_map = _read_json(index_file).get("weight_map")
+      if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index_file} has no weight_map object; {_DOWNLOAD_AGAIN}")
       out = {}
       for shard in sorted(set(weight_map.values())):
+        if not os.path.isfile(os.path.join(path, shard)):
+          raise CheckpointError(f"{index_file} names shard {shard!r}, which is not in {path}; "
+                                f"download it")
         out.update(reader(os.path.join(path, shard)))
       return out
   if os.path.isfile(os.path.join(path, "model.safetensors")):
@@ -220,8 +311,7 @@ class HFCheckpoint:
 
   def __init__(self, path: str):
     self.path = path
-    with open(os.path.join(path, CONFIG_FILE)) as f:
-      self.config = config_from_hf(json.load(f), path)
+    self.config = config_from_hf(_read_json(os.path.join(path, CONFIG_FILE)), path)
     tied = self.config.logits_via_embedding
     tensors = _tensor_arrays(path)
     if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:

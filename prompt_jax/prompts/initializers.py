@@ -9,7 +9,6 @@ Two layers:
     vocabulary) -> init`, which a method spec calls once the frozen embedding table is loaded.
 """
 import logging
-import os
 from typing import Callable, Optional, Sequence
 
 import gin
@@ -150,9 +149,12 @@ def file_init(path: str) -> PromptInit:
 
 def _embedding_table(embedding, embedding_file: Optional[str]):
   if embedding_file:
-    if not os.path.exists(embedding_file):
-      raise ConfigError(f"EMBEDDING_FILE {embedding_file!r} does not exist")
-    return np.load(embedding_file)
+    hint = "save the embedding table [V, H] with numpy.save"
+    table = npy.load(embedding_file, f"EMBEDDING_FILE {embedding_file!r}", hint)
+    if table.ndim != 2:
+      raise ConfigError(f"EMBEDDING_FILE {embedding_file!r} has shape {table.shape}, not an "
+                        f"embedding table [V, H]; {hint}")
+    return table
   if embedding is None:
     raise ConfigError("this prompt initialiser needs the frozen embedding table "
                       "(INITIAL_CHECKPOINT_PATH) or EMBEDDING_FILE")

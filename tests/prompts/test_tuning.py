@@ -86,6 +86,50 @@ def test_prompt_file_shape_is_checked(tmp_path):
     inits.file_init(str(tmp_path / "missing.npy"))
 
 
+def _bad_npy(tmp_path, kind):
+  """A file that is not one numeric .npy array: truncated, .npz, text, pickled, 1-D, missing."""
+  path = tmp_path / f"{kind}.npy"
+  if kind == "truncated":
+    np.save(path, TABLE[:50])
+    path.write_bytes(path.read_bytes()[:200])
+  elif kind == "npz":
+    with open(path, "wb") as f:
+      np.savez(f, table=TABLE[:50])
+  elif kind == "text":
+    path.write_text("not an array\n")
+  elif kind == "pickled":
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+  elif kind == "1d":
+    np.save(path, TABLE[0])
+  return str(path)
+
+
+def test_embedding_file_is_read_as_one_npy_array(tmp_path):
+  path = tmp_path / "table.npy"
+  np.save(path, TABLE[:50].astype(np.float64))
+  spec = inits.from_sampled_vocab(population_size=50, embedding_file=str(path))
+  got = np.asarray(spec(embedding=None)(jax.random.PRNGKey(0), (4, 16)))
+  want = np.asarray(inits.sampled_vocab_init(TABLE[:50], 50)(jax.random.PRNGKey(0), (4, 16)))
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("truncated", "is not a readable .npy array"),
+    ("npz", "is an .npz archive, not one .npy array"),
+    ("text", "is not a .npy array file"),
+    ("pickled", "it holds pickled Python objects"),
+    ("1d", "has shape (16,), not an embedding table [V, H]"),
+    ("missing", "does not exist"),
+])
+def test_a_bad_embedding_file_is_one_config_error_line(tmp_path, kind, reason):
+  path = _bad_npy(tmp_path, kind)
+  with pytest.raises(ConfigError) as e:
+    inits.from_sampled_vocab(embedding_file=path)(embedding=None)
+  assert str(e.value).startswith(f"EMBEDDING_FILE {path!r} ")
+  assert reason in str(e.value) and "\n" not in str(e.value)
+  assert str(e.value).endswith("save the embedding table [V, H] with numpy.save")
+
+
 def _virtual_tokens_reference(placement, start_fn):
   """A prompt equal to the embeddings of tokens V placed at a position == V inserted there."""
   plain = T5(helpers.TINY)
