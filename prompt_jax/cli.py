@@ -1,5 +1,5 @@
 """`prompt-jax`: train | eval | ensemble-eval | infer | export | inspect | describe | tasks |
-bench | sweep | plan | recycle, with t5x's flags.
+bench | sweep | plan | recycle | ipt-pretrain, with t5x's flags.
 
   prompt-jax train --gin_file=models/t5_1_1_large.gin --gin_file=runs/prompt_finetune.gin \\
       --gin.MODEL_DIR="'/tmp/m'" --gin.TRAIN_STEPS=1000 ...
@@ -11,6 +11,7 @@ bench | sweep | plan | recycle, with t5x's flags.
   prompt-jax describe --gin.MODEL_DIR="'/tmp/m'"
   prompt-jax plan --model=models/t5_1_1_xxl.gin --mesh=8x8 --batch=32 --inputs=512
   prompt-jax recycle --prompt=p.npy --source=CKPT --target=CKPT --output_dir=/tmp/r  (no gin)
+  prompt-jax ipt-pretrain --data=labelled.jsonl --emb_dim=768 --out=ipt_table.npy   (no gin)
 
 Flags (as t5x's train.py): --gin_file (repeatable; later overrides earlier), --gin.NAME=VALUE,
 --gin_bindings (repeatable), --gin_search_paths (comma separated; the packaged gin dir is
@@ -47,10 +48,11 @@ import warnings
 import traceback
 from typing import List, Optional, Sequence, Tuple
 
+from prompt_jax import errors
 from prompt_jax.errors import ConfigError
 
 COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "describe", "tasks",
-            "bench", "sweep", "plan", "recycle")
+            "bench", "sweep", "plan", "recycle", "ipt-pretrain")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
 RUN_COMMANDS = ("eval", "infer", "export", "inspect", "describe")
 # Packaged run files (wiring only) a command always needs.
@@ -89,15 +91,8 @@ class _Error(Exception):
   """A usage/configuration error reported as one line."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
-  """argparse's errors as one line (`prompt-jax <cmd>: error: ...`), not usage + message."""
-
-  def error(self, message):
-    raise _Error(message + " (prompt-jax <command> --help lists the flags)")
-
-
 def _parser(command: str) -> argparse.ArgumentParser:
-  parser = _OneLineParser(
+  parser = errors.OneLineParser(
       prog=f"prompt-jax {command}",
       description=f"prompt-jax {command}: configured by gin, with t5x's flags. "
                   "--gin.NAME=VALUE binds a gin macro or parameter (e.g. "
@@ -190,6 +185,9 @@ def initialize_distributed(args) -> None:
   if not (args.multiprocess_gpu or args.coordinator_address):
     if args.process_count not in (None, 1):
       raise _Error("--process_count > 1 needs --coordinator_address")
+    if args.process_index not in (None, 0):  # else it would run alone, as process 0 of 1
+      raise _Error(f"--process_index={args.process_index} needs --coordinator_address and "
+                   "--process_count (multi-host runs)")
     return
   import jax  # pylint: disable=g-import-not-at-top
   if args.coordinator_address is None or args.process_count is None or args.process_index is None:
@@ -520,8 +518,9 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
       raise _Error("--data_dir is empty (an unset shell variable?): give a directory")
     if command != "describe":  # describe reads no data
       _check_data_dir(absolute(args.data_dir))
-    import prompt_jax.tasks  # pylint: disable=g-import-not-at-top
-    prompt_jax.tasks.set_data_dir(absolute(args.data_dir))  # wins over gin's DATA_DIR and env
+    # Bound last, so it wins over gin files and --gin.DATA_DIR, and recorded in the run's
+    # config.gin: eval / infer given only MODEL_DIR read the files the run trained on.
+    dot_bindings.append(f"DATA_DIR = {absolute(args.data_dir)!r}")
   layers = parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings,
                      args.gin_search_paths, command=command)
   check_required(command, layers)
@@ -568,36 +567,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             category=RuntimeWarning)
   # bench and plan read no data: they run where TensorFlow is absent (accelerator images).
   with console.quiet(enabled=not verbose, tensorflow=command not in ("bench", "plan")):
-    if command == "bench":
-      from prompt_jax import bench  # pylint: disable=g-import-not-at-top
-      return bench.main([a for a in rest if a != "--verbose"])
-    if command == "plan":  # ahead-of-time compile on a (fake) mesh: per-device memory
-      from prompt_jax import plan  # pylint: disable=g-import-not-at-top
-      return plan.main([a for a in rest if a != "--verbose"], verbose=verbose)
-    if command == "tasks":
-      import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
-      from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
-      return tasks_inspect.main([a for a in rest if a != "--verbose"])
-    if command == "sweep":  # design-decision sweeps (prompt_jax/launch); jobs' gin checked here
-      from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
-      try:  # sweep says its own bad inputs; anything else is one line too (a path in the way)
-        return sweep.main([a for a in rest if a != "--verbose"], parse_gin=parse_gin,
-                          check_required=check_required)
-      except Exception as e:  # pylint: disable=broad-except
-        return _error(command, e, verbose)
-    if command == "recycle":  # a prompt from one frozen model to another (no gin)
-      from prompt_jax.evaluation import recycle  # pylint: disable=g-import-not-at-top
-      try:
-        return recycle.main([a for a in rest if a != "--verbose"])
-      except Exception as e:  # pylint: disable=broad-except
-        return _error(command, e, verbose)
     try:
+      if command in _OWN_COMMANDS:  # commands with their own flags (no gin run configuration)
+        return _OWN_COMMANDS[command]([a for a in rest if a != "--verbose"], verbose)
       return _gin_command(command, rest)
     except Exception as e:  # pylint: disable=broad-except
       return _error(command, e, verbose)
     except KeyboardInterrupt:
       print(f"prompt-jax {command}: interrupted", file=sys.stderr, flush=True)
       return 130
+
+
+def _bench(argv: List[str], verbose: bool) -> int:
+  del verbose
+  from prompt_jax import bench  # pylint: disable=g-import-not-at-top
+  return bench.main(argv)
+
+
+def _plan(argv: List[str], verbose: bool) -> int:  # ahead-of-time compile on a (fake) mesh
+  from prompt_jax import plan  # pylint: disable=g-import-not-at-top
+  return plan.main(argv, verbose=verbose)
+
+
+def _tasks(argv: List[str], verbose: bool) -> int:
+  del verbose
+  import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
+  from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
+  return tasks_inspect.main(argv)
+
+
+def _sweep(argv: List[str], verbose: bool) -> int:  # design-decision sweeps (prompt_jax/launch)
+  del verbose
+  from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
+  return sweep.main(argv, parse_gin=parse_gin, check_required=check_required)  # jobs' gin
+
+
+def _recycle(argv: List[str], verbose: bool) -> int:  # a prompt from one model to another
+  del verbose
+  from prompt_jax.evaluation import recycle  # pylint: disable=g-import-not-at-top
+  return recycle.main(argv)
+
+
+def _ipt_pretrain(argv: List[str], verbose: bool) -> int:  # IPT's table (prompts/ipt.gin)
+  from prompt_jax.prompts import ipt_pretrain  # pylint: disable=g-import-not-at-top
+  ipt_pretrain.main(argv + (["--verbose"] if verbose else []))
+  return 0
+
+
+_OWN_COMMANDS = {"bench": _bench, "plan": _plan, "tasks": _tasks, "sweep": _sweep,
+                 "recycle": _recycle, "ipt-pretrain": _ipt_pretrain}
 
 
 def _error(command: str, e: Exception, verbose: bool) -> int:

@@ -7,6 +7,7 @@ Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command r
   the status of a process ended by SIGTERM, so schedulers and wrappers see "terminated", not
   "finished").
 """
+import argparse
 
 
 class ConfigError(ValueError):
@@ -24,3 +25,11 @@ class Preempted(Exception):
   def __init__(self, message: str, step: int):
     super().__init__(message)
     self.step = step
+
+
+class OneLineParser(argparse.ArgumentParser):
+  """argparse whose usage errors are a ConfigError (one line, exit 2 through the CLI's one error
+  path) instead of a usage block and `sys.exit(2)` from inside the parser."""
+
+  def error(self, message):
+    raise ConfigError(f"{message} ({self.prog} --help lists the flags)")

@@ -71,6 +71,13 @@ class _QuietGinLookups(logging.Filter):
 _QUIET_LOOKUPS = _QuietGinLookups()
 
 
+def quiet_gin_lookups() -> None:
+  """Hides gin's `Path not found` log lines (one per search path it tries before the one that
+  has the file): not actionable; a file found nowhere is an error of its own."""
+  logging.getLogger().removeFilter(_QUIET_LOOKUPS)
+  logging.getLogger().addFilter(_QUIET_LOOKUPS)
+
+
 def first_line(e: BaseException) -> str:
   lines = [l.strip() for l in str(e).splitlines() if l.strip()]
   if not lines:
@@ -91,8 +98,23 @@ def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
     _gin().parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
   except tokenize.TokenError as e:  # unbalanced brackets: gin does not say where
     raise ConfigError(f"gin: {_unbalanced(files) or first_line(e)}") from e
-  except (ValueError, KeyError, SyntaxError, IOError) as e:
+  except SyntaxError as e:
+    raise ConfigError(f"gin: {_binding_syntax(e) or first_line(e)}") from e
+  except (ValueError, KeyError, IOError) as e:
     raise ConfigError(f"gin: {first_line(e)}{_gin_hint(e)}") from e
+
+
+def _binding_syntax(e: SyntaxError) -> Optional[str]:
+  """The binding (--gin.NAME=VALUE / --gin_bindings) that gin could not parse, and how to quote
+  a string in it; None for an error in a file (gin's message names the file and line)."""
+  if e.filename is not None or not e.text or "=" not in e.text:
+    return None
+  name, value = (part.strip() for part in e.text.split("=", 1))
+  message = f"cannot parse the binding `{e.text.strip()}` ({str(e.msg).rstrip('.')})"
+  if value and value[0] not in "'\"[({@%" and not value[0].isdigit():
+    message += (f"; a string value needs quotes inside the flag: "
+                f"--gin.{name}=\"'{value}'\"")
+  return message
 
 
 def _gin_path(f: str) -> Optional[str]:
@@ -207,8 +229,7 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   dirs, packaged, own = split_files(gin_files, search_paths)
   for d in dirs:
     gin.add_config_file_search_path(d)
-  logging.getLogger().removeFilter(_QUIET_LOOKUPS)
-  logging.getLogger().addFilter(_QUIET_LOOKUPS)
+  quiet_gin_lookups()
   defaults = [DEFAULTS_FILE] + [f for f in implied if f != DEFAULTS_FILE]
   packaged = [f for f in packaged if f not in defaults]  # parsed once, first
   layers = Layers(defaults=defaults, packaged=packaged, own=own, bindings=list(bindings))

@@ -23,28 +23,44 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
+from prompt_jax import errors
+
 _FAKE_DEVICES_ENV = "PROMPT_JAX_PLAN_FAKE_DEVICES"
 GIB = 1024 ** 3
+_MODEL_EXAMPLES = "models/t5_1_1_base.gin, models/t5_1_1_xxl.gin, models/t5_1_0_large.gin"
+
+
+def _positive(kind):
+  """An argparse type: a `kind` (int, float) greater than 0 (a bad value is one usage line)."""
+  def parse(text):
+    try:
+      value = kind(text)
+    except ValueError:
+      value = None
+    if value is None or not value > 0:
+      raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+    return value
+  return parse
 
 
 def _parser() -> argparse.ArgumentParser:
   from prompt_jax.models.config import REMAT_POLICY_NAMES  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(prog="prompt-jax plan", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = errors.OneLineParser(prog="prompt-jax plan", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--model", default="models/t5_1_1_base.gin",
                  help="a models/*.gin file (packaged or a path), e.g. models/t5_1_1_xxl.gin")
   p.add_argument("--mesh", default="1x1", help="DATAxMODEL devices, e.g. 8x8")
-  p.add_argument("--batch", type=int, default=32, help="global batch size")
-  p.add_argument("--inputs", type=int, default=512, help="input length (tokens)")
-  p.add_argument("--targets", type=int, default=8, help="target length (tokens)")
-  p.add_argument("--prompt_length", type=int, default=100)
+  p.add_argument("--batch", type=_positive(int), default=32, help="global batch size")
+  p.add_argument("--inputs", type=_positive(int), default=512, help="input length (tokens)")
+  p.add_argument("--targets", type=_positive(int), default=8, help="target length (tokens)")
+  p.add_argument("--prompt_length", type=_positive(int), default=100)
   p.add_argument("--dtype", default="bfloat16", help="activation dtype")
   p.add_argument("--frozen_dtype", default="auto",
                  help="dtype of the frozen weights (auto: the activation dtype, as FROZEN_DTYPE)")
   p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
                  help="remat policy (T5Config.remat_policy)")
   p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
-  p.add_argument("--budget_gib", type=float, default=None,
+  p.add_argument("--budget_gib", type=_positive(float), default=None,
                  help="per-device memory to check against (prints fits / does not fit)")
   return p
 
@@ -60,20 +76,49 @@ def _mesh_shape(text: str):
   return data, model
 
 
-def _config(args):
-  import gin  # pylint: disable=g-import-not-at-top
-  from prompt_jax import paths, run_setup  # pylint: disable=g-import-not-at-top
+def _layout(args):
+  """(data, model) parallel devices of --mesh, checked against --batch."""
   from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  data, model = _mesh_shape(args.mesh)
+  if args.batch % data:
+    raise ConfigError(f"--batch={args.batch} is not divisible by the {data} data-parallel "
+                      f"devices")
+  return data, model
+
+
+def _config(args):
+  """The T5Config the --model file binds (`prompt_jax.t5_config`), with plan's dtype and remat.
+  Relative paths and `include`s find the packaged gin files as `train` does (layering); what
+  else the file binds (a run's or a method's configurables) is skipped: plan needs the model."""
+  import tokenize  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax import layering, run_setup  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  where = f"--model={args.model!r}"
+  give = f"give a models/*.gin file, e.g. {_MODEL_EXAMPLES}"
+  try:
+    search_dirs, _, _ = layering.split_files([args.model], search_paths=())
+  except ConfigError as e:  # not found: with a 'did you mean' where one is close
+    raise ConfigError(f"{where}: {e}" + ("" if "did you mean" in str(e) else f"; {give}")
+                      ) from None
   gin.clear_config()
-  path = args.model
-  if not os.path.exists(path) and os.path.exists(os.path.join(paths.gin_dir(), path)):
-    path = os.path.join(paths.gin_dir(), path)
+  for d in search_dirs:
+    gin.add_config_file_search_path(d)
+  layering.quiet_gin_lookups()
   try:
-    gin.parse_config_files_and_bindings([path], [])
-  except (IOError, OSError) as e:
-    raise ConfigError(f"--model={args.model!r} cannot be read ({e}); give a models/*.gin file, "
-                      f"e.g. models/t5_1_1_xxl.gin") from e
-  try:
+    try:
+      gin.parse_config_files_and_bindings([args.model], [], skip_unknown=True)
+    except (IOError, OSError) as e:
+      raise ConfigError(f"{where} cannot be read ({layering.first_line(e)}); {give}") from e
+    except tokenize.TokenError as e:  # gin says only ('EOF in multi-line statement', (N, 0))
+      raise ConfigError(f"{where}: gin: a bracket or string opened is never closed") from e
+    except (ValueError, KeyError, SyntaxError) as e:
+      raise ConfigError(f"{where}: gin: {layering.first_line(e)}") from e
+    try:
+      gin.query_parameter("prompt_jax.t5_config.preset")
+    except ValueError:
+      raise ConfigError(f"{where} binds no model (no prompt_jax.t5_config.preset, as a "
+                        f"models/*.gin file binds): {give}") from None
     return run_setup.t5_config(dtype=args.dtype, dropout_rate=0.0, remat_policy=args.remat)
   finally:
     gin.clear_config()
@@ -96,15 +141,12 @@ def _plan(args) -> Dict[str, float]:
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import optimizers, state as state_lib  # pylint: disable=g-import-not-at-top
 
-  data, model_parallel = _mesh_shape(args.mesh)
+  data, model_parallel = _layout(args)
   if jax.device_count() < data * model_parallel:
     raise ConfigError(f"--mesh={args.mesh} needs {data * model_parallel} devices, "
                       f"{jax.device_count()} found")
   config = _config(args)
   mesh = partitioning.create_mesh(model_parallel, jax.devices()[:data * model_parallel])
-  if args.batch % data:
-    raise ConfigError(f"--batch={args.batch} is not divisible by the {data} data-parallel "
-                      f"devices")
   lengths = {"inputs": args.inputs, "targets": args.targets}
   spec = specs.prompt_tuning(length=args.prompt_length)
   # The program `train` compiles: its guarded step for the run's layout, with its shardings.
@@ -169,10 +211,11 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
   xla_defaults.apply()  # the memory-minimising CPU scheduler, before jax starts (as the CLI)
-  args = _parser().parse_args(argv)
   from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   try:
-    data, model_parallel = _mesh_shape(args.mesh)
+    args = _parser().parse_args(argv)
+    data, model_parallel = _layout(args)
+    _config(args)  # the file binds a model: said here, before any fake devices are started
     needed = data * model_parallel
     if not os.environ.get(_FAKE_DEVICES_ENV):
       import jax  # pylint: disable=g-import-not-at-top
@@ -189,7 +232,11 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
                               check=False).returncode
     _report(args, plan(args))
   except ConfigError as e:
-    print(f"prompt-jax plan: error: {e}", file=sys.stderr)
+    if verbose:
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+    # gin appends 'In call to configurable ...' lines to a t5_config error: the first says it.
+    print(f"prompt-jax plan: error: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2
   return 0
 

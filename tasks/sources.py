@@ -52,7 +52,7 @@ def _data_dir_and_origin() -> Tuple[Optional[str], str]:
     return _explicit_data_dir, "--data_dir / set_data_dir()"
   configured = local_data_dir()
   if configured:
-    return configured, "gin prompt_jax.tasks.local_data_dir.path"
+    return configured, "--data_dir / gin DATA_DIR"
   env = os.environ.get(DATA_DIR_ENV)
   if env:
     return env, f"${DATA_DIR_ENV}"

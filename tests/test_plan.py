@@ -70,3 +70,64 @@ def test_plan_schedules_for_memory_so_remat_shows():
   none = _temp_mib(cli_subprocess(["plan", *shapes, "--remat=none"], devices=1, timeout=600))
   full = _temp_mib(cli_subprocess(["plan", *shapes, "--remat=full"], devices=1, timeout=600))
   assert full < 0.8 * none, (full, none)
+
+
+# ===== Bad inputs: one line `prompt-jax plan: error: ...`, exit 2, before anything compiles =====
+
+def _plan_cli(capsys, argv):
+  """(exit status, stdout, stderr lines) of `prompt-jax plan argv`, in process."""
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  code = cli.main(["plan", *argv])
+  out, err = capsys.readouterr()
+  return code, out, err.splitlines()
+
+
+@pytest.mark.parametrize("model", ["prompts/dpt.gin", "runs/prompt_finetune.gin", "USER"])
+def test_plan_refuses_a_file_that_binds_no_model(capsys, tmp_path, model):
+  if model == "USER":  # a user file that binds no prompt_jax.t5_config
+    model = str(tmp_path / "mine.gin")
+    (tmp_path / "mine.gin").write_text("PROMPT_LENGTH = 8\n")
+  code, out, err = _plan_cli(capsys, [*TINY, f"--model={model}"])
+  assert code == 2 and not out, (out, err)
+  assert len(err) == 1, err
+  assert err[0].startswith(f"prompt-jax plan: error: --model={model!r} binds no model"), err
+  assert "models/t5_1_1_base.gin" in err[0], err
+
+
+@pytest.mark.parametrize("flag", ["--batch=0", "--batch=-8", "--inputs=0", "--targets=-1",
+                                  "--prompt_length=0", "--budget_gib=0", "--batch=two",
+                                  "--mesh=2x0"])
+def test_plan_refuses_sizes_that_are_not_positive(capsys, flag):
+  code, out, err = _plan_cli(capsys, [*TINY, flag])
+  assert code == 2 and not out, (out, err)
+  assert len(err) == 1 and err[0].startswith("prompt-jax plan: error: "), err
+  assert flag.split("=")[0] in err[0], err
+  if not flag.startswith("--mesh"):
+    assert "must be a positive" in err[0], err
+
+
+def _including_model_file(tmp_path) -> str:
+  """A user's gin file that includes a packaged model file and changes it."""
+  path = tmp_path / "small_1_layer.gin"
+  path.write_text("include 'models/t5_1_1_small.gin'\n"
+                  "prompt_jax.t5_config.num_encoder_layers = 1\n")
+  return str(path)
+
+
+def test_plan_reads_a_user_file_that_includes_a_packaged_model(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # the include is found in the packaged gin dir, not the cwd
+  args = plan._parser().parse_args([*TINY, f"--model={_including_model_file(tmp_path)}"])
+  config = plan._config(args)  # pylint: disable=protected-access
+  assert config.emb_dim == 512 and config.num_encoder_layers == 1, config
+
+
+def test_plan_shows_no_gin_path_lookup_lines(tmp_path):
+  """gin logs 'ERROR:root:Path not found' for each search path it tries before the one with the
+  file: a bad --dtype after an include is the error line alone."""
+  model = _including_model_file(tmp_path)
+  proc = cli_subprocess(["plan", f"--model={model}", "--dtype=bfloat17"], timeout=300)
+  assert proc.returncode == 2, proc.stdout
+  assert "Path not found" not in proc.stdout, proc.stdout
+  lines = proc.stdout.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("prompt-jax plan: error: unknown dtype"), \
+      proc.stdout

@@ -19,13 +19,14 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from prompt_jax import errors
 from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import recycling
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="prompt-jax recycle", description=__doc__.split("\n\n")[0])
+  p = errors.OneLineParser(prog="prompt-jax recycle", description=__doc__.split("\n\n")[0])
   p.add_argument("--prompt", required=True, help="the trained prompt, a [P, H_source] .npy")
   p.add_argument("--source", required=True,
                  help="the model the prompt was trained on: a checkpoint or a [V, H] .npy table")

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from prompt_jax import errors
 from prompt_jax.errors import ConfigError
 from prompt_jax.launch import spec as spec_lib
 
@@ -25,8 +26,8 @@ EXIT_CONFIG_ERROR = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="prompt-jax sweep", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = errors.OneLineParser(prog="prompt-jax sweep", description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("subcommand", choices=SUBCOMMANDS)
   p.add_argument("spec", help="a sweep spec (.yaml) or the name of a shipped one")
   p.add_argument("--root", default=None, help="sweep root: job MODEL_DIR = ROOT/<job name>")

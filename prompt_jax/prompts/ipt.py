@@ -2,7 +2,7 @@
 
   * random IPT:     a trainable table [V, H] (random init); prompt = table[input_ids[:P]];
   * pretrained IPT: the same, the table initialised from a [V, H] .npy produced by
-                    `python -m prompt_jax.prompts.ipt_pretrain` (embedding + text classifier);
+                    `prompt-jax ipt-pretrain` (embedding + text classifier);
   * encoder IPT:    the pretrained table frozen and the pretrained classifier network (TextCNN,
                     LSTM or MLP, saved beside the table by ipt_pretrain) trained: it maps the rows
                     of the first ceil(rate·n) real input tokens (n per example; `rate` = sequence
@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import initializers
 from prompt_jax.prompts.seam import Method
@@ -72,10 +73,12 @@ def num_trainable_params(length: int, emb_dim: int, vocab_size: int, mode: str =
 
 def load_table(path: str, vocab_size: int, emb_dim: int) -> np.ndarray:
   """A pretrained IPT table [V, H] from .npy, checked against the model's vocab and width."""
-  if not path or not os.path.exists(path):
-    raise ConfigError(f"IPT table file {path!r} does not exist")
-  table = np.load(path)
-  if table.ndim != 2 or table.shape[0] != vocab_size:
+  table = npy.load(path, f"IPT_TABLE_FILE {path!r}",
+                   "write the table with prompt-jax ipt-pretrain --out=...")
+  if table.ndim != 2:
+    raise ConfigError(f"IPT table {path!r} has shape {table.shape}, not a table [V, H] = "
+                      f"[{vocab_size}, {emb_dim}]")
+  if table.shape[0] != vocab_size:
     raise ConfigError(f"IPT table {path!r} has shape {table.shape}: its vocabulary "
                       f"({table.shape[0]} rows) differs from the model's vocab_size={vocab_size}")
   if table.shape[1] != emb_dim:
@@ -113,7 +116,7 @@ def load_network(table_path: str, *, encoder: str, widths: Sequence[int], filter
   path = network_path(table_path)
   if not os.path.exists(path):
     raise ConfigError(f"encoder IPT needs the pretrained network saved beside the table: "
-                      f"{path!r} does not exist; run python -m prompt_jax.prompts.ipt_pretrain "
+                      f"{path!r} does not exist; run prompt-jax ipt-pretrain "
                       f"--encoder={encoder} (it writes both)")
   with np.load(path) as data:
     meta = json.loads(str(data["__meta__"]))

@@ -3,7 +3,7 @@
 IPT's "pretrained" table comes from a classifier trained to predict a text's category (the paper
 uses 13 Wikipedia top-level categories); any JSONL with a text and a label field works:
 
-  python -m prompt_jax.prompts.ipt_pretrain --data=wiki_categories.jsonl \\
+  prompt-jax ipt-pretrain --data=wiki_categories.jsonl \\
       --spm=/path/to/spiece.model --vocab_size=32128 --emb_dim=768 --encoder=textcnn \\
       --out=ipt_table.npy
 
@@ -14,7 +14,7 @@ emb_dim] as `--out` (.npy, for `prompts/ipt.gin`) and the network without its he
 IPT_ENCODER).
 
 A bad input (a missing or malformed --data, a missing --spm, a bad flag) is one line
-`prompt-jax ipt_pretrain: error: ...` and exit 2 before anything is written; a failure while
+`prompt-jax ipt-pretrain: error: ...` and exit 2 before anything is written; a failure while
 training is one line and exit 1 (--verbose adds the traceback). The table and the network are
 written whole or not at all (each to a temporary file, then renamed).
 """
@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import flax.linen as nn
@@ -34,6 +33,7 @@ import numpy as np
 import optax
 
 from prompt_jax import console
+from prompt_jax import errors
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.prompts import ipt
@@ -158,19 +158,8 @@ def pretrain_table(tokens: np.ndarray, labels: Sequence[str], vocab_size: int, e
   return table, metrics
 
 
-PROG = "prompt-jax ipt_pretrain"  # the prefix of its one-line errors
-EXIT_CONFIG_ERROR, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130  # as prompt_jax.cli
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse whose usage errors are a ConfigError (one line, exit 2) instead of usage + exit."""
-
-  def error(self, message):
-    raise ConfigError(f"{message} (python -m prompt_jax.prompts.ipt_pretrain --help)")
-
-
 def _parser() -> argparse.ArgumentParser:
-  parser = _Parser(prog="python -m prompt_jax.prompts.ipt_pretrain",
+  parser = errors.OneLineParser(prog="prompt-jax ipt-pretrain",
                    description=__doc__.split("\n")[0])
   parser.add_argument("--data", required=True, help="JSONL with a text and a label per line")
   parser.add_argument("--out", required=True, help="where to write the [V, H] table (.npy)")
@@ -242,7 +231,8 @@ def _save(out: str, table: np.ndarray, network: Dict[str, np.ndarray], **meta) -
 
 
 def main(argv=None) -> None:
-  """Pretrains and writes the table and network; raises on a bad input (see `console_main`)."""
+  """`prompt-jax ipt-pretrain`: pretrains and writes the table and network; raises ConfigError
+  on a bad input (the CLI prints it as one line)."""
   args = _parser().parse_args(argv)
   for flag in ("vocab_size", "emb_dim", "max_length", "steps", "batch_size", "filters",
                "hidden"):
@@ -273,33 +263,7 @@ def main(argv=None) -> None:
   print(json.dumps(dict(metrics, out=out, network=network_file, shape=list(table.shape))))
 
 
-def console_main(argv=None) -> int:
-  """`python -m prompt_jax.prompts.ipt_pretrain`: `main` with the CLI's error contract (one line
-  `prompt-jax ipt_pretrain: error: ...`; exit 2 for a bad input, 1 for a run that cannot go on;
-  the traceback only with --verbose). prompts/ sits below the CLI (imports point down), so this
-  mirrors `prompt_jax.cli._error` instead of importing it."""
-  argv = list(sys.argv[1:] if argv is None else argv)
-  verbose = "--verbose" in argv
-  try:
-    main(argv)
-    return 0
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
-    return EXIT_INTERRUPTED
-  except Exception as e:  # pylint: disable=broad-except
-    if verbose:
-      traceback.print_exc()
-    text = str(e).splitlines()[0] if str(e).strip() else ""
-    if isinstance(e, ConfigError):
-      print(f"{PROG}: error: {text or type(e).__name__}", file=sys.stderr, flush=True)
-      return EXIT_CONFIG_ERROR
-    if isinstance(e, RunError):
-      print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
-      return EXIT_FAILURE
-    hint = "" if verbose else " (--verbose shows the traceback)"
-    print(f"{PROG}: error: {type(e).__name__}: {text}{hint}", file=sys.stderr, flush=True)
-    return EXIT_FAILURE
-
-
-if __name__ == "__main__":
-  sys.exit(console_main())
+if __name__ == "__main__":  # the CLI's subcommand (one-line errors, exit codes) runs it
+  print("prompt-jax ipt-pretrain: error: run this as `prompt-jax ipt-pretrain` (or "
+        "`python -m prompt_jax ipt-pretrain`)", file=sys.stderr)
+  sys.exit(2)

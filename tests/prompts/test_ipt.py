@@ -7,11 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from prompt_jax import cli
 from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.models import T5
 from prompt_jax.prompts import ipt, ipt_pretrain, seam
 from prompt_jax.prompts.tuning import PromptTuning
 from tests.prompts import helpers
+from tests.prompts.test_tuning import _bad_npy
 
 P = 3
 V = helpers.TINY.vocab_size
@@ -100,28 +102,54 @@ def test_ipt_pretraining_learns_and_writes_a_table(tmp_path):
   del rng
 
 
+@pytest.mark.parametrize("kind,reason", [
+    ("truncated", "is not a readable .npy array"),
+    ("npz", "is an .npz archive, not one .npy array"),
+    ("text", "is not a .npy array file"),
+    ("pickled", "it holds pickled Python objects"),
+    ("missing", "does not exist"),
+])
+def test_a_bad_ipt_table_file_is_one_config_error_line(tmp_path, kind, reason):
+  path = _bad_npy(tmp_path, kind)
+  with pytest.raises(ConfigError) as e:
+    ipt.load_table(path, V, 16)
+  assert str(e.value).startswith(f"IPT_TABLE_FILE {path!r} ")
+  assert reason in str(e.value) and "\n" not in str(e.value)
+  assert "prompt-jax ipt-pretrain" in str(e.value)
+
+
+def test_an_ipt_table_of_another_shape_is_a_config_error(tmp_path):
+  path = str(tmp_path / "t.npy")
+  for array, reason in ((np.float32(1), r"has shape \(\), not a table \[V, H\]"),
+                        (np.ones((V + 1, 16)), "differs from the model's vocab_size"),
+                        (np.ones((V, 8)), "has width 8, the model's emb_dim is 16")):
+    np.save(path, array)
+    with pytest.raises(ConfigError, match=reason):
+      ipt.load_table(path, V, 16)
+
+
 def _pretrain_cli(*argv, cwd):
-  """`python -m prompt_jax.prompts.ipt_pretrain ARGV` in a subprocess: (returncode, stderr)."""
+  """`python -m prompt_jax ipt-pretrain ARGV` in a subprocess: (returncode, stderr)."""
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
              JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-m", "prompt_jax.prompts.ipt_pretrain", *argv],
+  proc = subprocess.run([sys.executable, "-m", "prompt_jax", "ipt-pretrain", *argv],
                         cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
   return proc.returncode, proc.stderr
 
 
-def _one_error_line(err, prefix="prompt-jax ipt_pretrain: error: "):
+def _one_error_line(err, prefix="prompt-jax ipt-pretrain: error: "):
   errors = [line for line in err.splitlines() if ": error:" in line]
   assert len(errors) == 1 and errors[0].startswith(prefix), err
   assert "Traceback" not in err, err
   return errors[0]
 
 
-def test_ipt_pretrain_bad_data_is_one_line_exit_2_through_python_m(tmp_path):
-  """The documented `python -m` entry: a row without the label field and a missing --data are
+def test_ipt_pretrain_bad_data_is_one_line_exit_2_through_the_cli(tmp_path):
+  """The CLI subcommand in a process of its own: a row without the label field and a missing --data are
   one line each and exit 2 (no traceback), and no table is written."""
   (tmp_path / "bad.jsonl").write_text('{"txt": "a", "label": "x"}\n')
   code, err = _pretrain_cli("--data=bad.jsonl", "--out=t.npy", "--emb_dim=8", cwd=tmp_path)
@@ -147,17 +175,17 @@ def test_ipt_pretrain_bad_inputs_are_one_line_exit_2(tmp_path, monkeypatch, caps
   (tmp_path / "bad.jsonl").write_text(data)
   flags = {"--data": "bad.jsonl", "--out": "t.npy", "--emb_dim": "8"}
   flags.update(a.split("=", 1) for a in argv)
-  assert ipt_pretrain.console_main([f"{k}={v}" for k, v in flags.items()]) == 2
+  assert cli.main(["ipt-pretrain", *[f"{k}={v}" for k, v in flags.items()]]) == 2
   assert message in _one_error_line(capsys.readouterr().err)
   assert not list(tmp_path.glob("t*")) and not (tmp_path / "missing_dir").exists()
 
 
 def test_ipt_pretrain_verbose_adds_the_traceback(tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
-  assert ipt_pretrain.console_main(["--data=nope.jsonl", "--out=t.npy", "--emb_dim=8",
-                                    "--verbose"]) == 2
+  assert cli.main(["ipt-pretrain", "--data=nope.jsonl", "--out=t.npy", "--emb_dim=8",
+                   "--verbose"]) == 2
   err = capsys.readouterr().err
-  assert "Traceback" in err and err.splitlines()[-1].startswith("prompt-jax ipt_pretrain: error:")
+  assert "Traceback" in err and err.splitlines()[-1].startswith("prompt-jax ipt-pretrain: error:")
 
 
 def test_ipt_pretrain_writes_table_and_network_whole_or_not_at_all(tmp_path, monkeypatch):

@@ -172,6 +172,13 @@ CASES = [
          "--process_count > 1 needs --coordinator_address"),
     Case("data_dir_missing", lambda c: train(c, f"--data_dir={c.path('no_such_dir')}"),
          "--data_dir"),
+    Case("process_index_without_coordinator", lambda c: train(c, "--process_index=1"),
+         "--process_index=1 needs --coordinator_address"),  # ran alone as process 0 of 1
+    Case("unquoted_string_binding", lambda c: train(c, f"--gin.PROMPT_FILE={c.path('p.npy')}"),
+         "a string value needs quotes inside the flag: --gin.PROMPT_FILE=\"'"),
+    *(Case(f"{command}_misspelled_flag", lambda c, command=command: [command, "--bogus"],
+           f" (prompt-jax {command} --help lists the flags)")
+      for command in ("tasks", "bench", "sweep", "recycle", "plan")),
     # --- gin ---
     Case("misspelled_macro", lambda c: train(c, "--gin.TRAIN_STPES=5"),
          "--gin.TRAIN_STPES sets a macro that nothing uses; did you mean TRAIN_STEPS?"),

@@ -31,3 +31,15 @@ def test_data_dir_reaches_a_task(shared_data):
   task = prompt_jax.tasks.get_task("super_glue_cb_v102")
   ex = next(iter(task.source.get_dataset("validation", shuffle=False).as_numpy_iterator()))
   assert ex["premise"].decode().startswith("Valence the void-brain")
+
+
+def test_a_run_records_its_data_dir(tmp_path):
+  """--data_dir is part of the run: eval / infer given only MODEL_DIR read the same files."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  data_dir, model_dir = tmp_path / "data", tmp_path / "run"
+  data_dir.mkdir()
+  assert cli.main(["train", *common.flags(str(model_dir), 1), f"--data_dir={data_dir}"]) == 0
+  assert f"DATA_DIR = '{data_dir}'" in (model_dir / "config.gin").read_text()
+  prompt_jax.tasks.set_data_dir(None)
+  assert cli.main(["describe", f"--gin.MODEL_DIR='{model_dir}'"]) == 0
+  assert prompt_jax.tasks.get_data_dir() == str(data_dir)

@@ -59,7 +59,7 @@ class IPTSpec(base.MethodSpec):
       raise ConfigError(f"IPT sequence utilisation rate must be in (0, 1], got {self.rate}")
     if self.mode == "encoder" and not self.table_file:
       raise ConfigError("encoder IPT needs IPT_TABLE_FILE (a pretrained table; see "
-                        "python -m prompt_jax.prompts.ipt_pretrain)")
+                        "prompt-jax ipt-pretrain)")
     if config is None:
       raise ConfigError("IPT needs the T5 config (vocab_size, emb_dim)")
 
