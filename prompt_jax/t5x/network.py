@@ -15,12 +15,13 @@ read `encoder_input_tokens`, which t5x passes to `__call__`, `encode` and `decod
 gin (gin/t5x/models/prompt.gin):
   models.EncoderDecoderModel.module = @prompt_jax.t5x.prompt_network()
   prompt_jax.t5x.prompt_network.initial_checkpoint_path = %INITIAL_CHECKPOINT_PATH
+  prompt_jax.t5x.prompt_network.inputs_length = @task_inputs_length()  (of TASK_FEATURE_LENGTHS)
 The method is prompt_jax's own gin (`prompt_jax.model_spec.prompt = @prompt_jax.dpt()`, from
 gin/prompts/<method>.gin), the backbone `prompt_jax.t5_config` (gin/models/<size>.gin).
 """
 import functools
 import logging
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -29,6 +30,16 @@ from prompt_jax import run_setup
 from prompt_jax.checkpoints import t5x_legacy  # pylint: disable=unused-import
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5
+
+
+def task_inputs_length(task_feature_lengths: Optional[Mapping[str, int]] = None
+                       ) -> Optional[int]:
+  """The `inputs` entry of t5x's TASK_FEATURE_LENGTHS (gin cannot index a macro), or None where
+  the run gives none (t5x's runs/eval.gin: TASK_FEATURE_LENGTHS = None, lengths computed from
+  the data): then `prompt_network` checks nothing."""
+  if not task_feature_lengths or task_feature_lengths.get("inputs") is None:
+    return None
+  return int(task_feature_lengths["inputs"])
 
 
 @functools.lru_cache(maxsize=4)
@@ -52,7 +63,10 @@ def prompt_network(spec: Optional[run_setup.ModelSpec] = None,
   shapes are checked against the backbone config (another model size fails here, in one line)
   and its embedding table feeds the initialisers that read it (sampled vocabulary, class
   labels). `vocabulary` (VOCABULARY): for class-label initialisers and 'between:' placements.
-  `inputs_length`: the task's `inputs` length, checked against the method's needs.
+  `inputs_length`: the task's `inputs` length (TASK_FEATURE_LENGTHS['inputs'], through
+  `task_inputs_length`), checked against the method's needs (IPT and prefix + IPT read their
+  prompt off the first P input tokens: P <= inputs length): one ConfigError, as prompt-jax
+  train gives.
   """
   spec = spec if spec is not None else run_setup.model_spec()
   embedding = None

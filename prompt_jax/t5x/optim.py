@@ -11,6 +11,7 @@ states are left out of the state dict (t5x's orbax restore turns a saved None in
 and fails, so a run could not resume from its own MODEL_DIR), as t5x's `OptaxWrapper` leaves out
 optax's empty states.
 """
+import logging
 from typing import Optional
 
 import jax
@@ -102,10 +103,22 @@ def _untrained_param_paths(target, flat_param_states: dict) -> set:
 def masked_optax(regex: Optional[str] = None):
   """t5x's `OptaxWrapper` around the method's own optax optimizer, applied only to the
   parameters matching `regex` (None: the method's): `optax.multi_transform` gives every other
-  parameter `set_to_zero` (no state, a zero update), so the update rule is prompt-jax train's."""
+  parameter `set_to_zero` (no state, a zero update), so the update rule is prompt-jax train's.
+
+  The rate applied is the method's own (DPT_LR, PREFIX_LR), not t5x's learning-rate schedule
+  (OptaxWrapper ignores it); the method files bind LEARNING_RATE, t5x's constant schedule, to it
+  so that t5x logs that rate. A warm-up (prompt_jax.adamw.warmup_steps) counts this run's steps,
+  which t5x's schedule (counted from step 0, not the initial checkpoint's) cannot: warned."""
   import optax  # pylint: disable=g-import-not-at-top
   regex = regex if regex is not None else trainable_regex()
-  tx = method_optimizer().tx
+  method = method_optimizer()
+  tx = method.tx
+  first, last = float(method.schedule(0)), float(method.schedule(2**30))
+  if first != last:
+    logging.warning(
+        "masked_optax: the method's learning rate changes over training (%g at its first step, "
+        "%g later: a warm-up); t5x logs its own constant schedule (LEARNING_RATE), not it",
+        first, last)
 
   def labels(params):  # same tree type as `params` (t5x passes FrozenDicts)
     return jax.tree_util.tree_map_with_path(
