@@ -246,7 +246,13 @@ def _find_run_config() -> Optional[Tuple[str, str]]:
   path = epath.Path(run_dir.config_path(model_dir))
   if not path.is_file():
     return None
-  return str(path), path.read_text()
+  text = path.read_text()
+  if "import __main__ as train_script" in text:  # what t5x.train writes, not ours
+    raise _Error(f"MODEL_DIR {model_dir} is a run of t5x.train, whose config.gin prompt-jax "
+                 f"does not read: evaluate it with --gin.CHECKPOINT_PATH=\"'{model_dir}/"
+                 f"checkpoint_<step>'\", the run's model, method and task gin files, and a "
+                 f"MODEL_DIR of its own for the results")
+  return str(path), text
 
 
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
@@ -283,15 +289,29 @@ def check_required(command: str, layers=None) -> None:
   if command not in ("describe", "inspect"):  # these need only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
   model_dir = _macro("MODEL_DIR")
-  if (missing and command in RUN_COMMANDS and model_dir and layers is not None
-      and layers.run_config is None):
-    raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
-                 f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin file)")
+  if command in RUN_COMMANDS and model_dir and layers is not None and layers.run_config is None:
+    if missing:
+      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
+                   f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin "
+                   f"file)")
+    if command in ("describe", "inspect") and not _binds_a_model():
+      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
+                   f"run's directory, or name a model file (--gin_file=models/t5_1_1_base.gin)")
   check_macro_typos(READ_MACROS.get(command, ()))
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
                  f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file")
+
+
+def _binds_a_model() -> bool:
+  """Whether some gin file bound the backbone (a models/*.gin file binds its preset)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    gin.query_parameter("prompt_jax.t5_config.preset")
+    return True
+  except ValueError:
+    return False
 
 
 def _referenced_macros() -> set:

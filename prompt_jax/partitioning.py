@@ -16,6 +16,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from prompt_jax.errors import ConfigError
+
 LogicalRules = Sequence[Tuple[str, Optional[str]]]
 
 # t5x.partitioning.standard_logical_axis_rules(activation_partitioning_dims=1,
@@ -69,14 +71,45 @@ def create_mesh(num_partitions: int = 1, devices: Optional[Sequence[Any]] = None
   if model_parallel_submesh is not None:
     num_partitions = int(np.prod(model_parallel_submesh))
   if num_partitions < 1 or len(devices) % num_partitions:
-    raise ValueError(f"num_partitions={num_partitions} must divide the {len(devices)} devices; "
-                     f"choose one of {[d for d in range(1, len(devices) + 1) if len(devices) % d == 0]}")
+    raise ConfigError(
+        f"NUM_PARTITIONS={num_partitions} must divide the {len(devices)} devices here; choose "
+        f"one of {[d for d in range(1, len(devices) + 1) if len(devices) % d == 0]} "
+        f"(--gin.NUM_PARTITIONS=...)")
   shape = (len(devices) // num_partitions, num_partitions)
   try:
     grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
   except (ValueError, NotImplementedError, AssertionError):
     grid = np.asarray(devices).reshape(shape)
   return Mesh(grid, ("data", "model"))
+
+
+def check_divisible(shapes: Any, shardings: Any) -> None:
+  """Every parameter dimension split over mesh axes is a multiple of their devices (else jax
+  refuses to place it, deep in a checkpoint read): a ConfigError naming NUM_PARTITIONS and the
+  largest that would fit. `shapes` / `shardings`: {path: array or ShapeDtypeStruct} /
+  {path: NamedSharding}."""
+  split = []  # (path, shape, size, devices, axes) of each split dimension
+  for path, sharding in shardings.items():
+    shape = tuple(shapes[path].shape)
+    for size, axes in zip(shape, sharding.spec):
+      axes = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
+      if axes:
+        split.append((path, shape, size, int(np.prod([sharding.mesh.shape[a] for a in axes])),
+                      axes))
+  bad = [s for s in split if s[2] % s[3]]
+  if not bad:
+    return
+  path, shape, size, devices, axes = bad[0]
+  mesh = shardings[path].mesh
+  partitions = mesh.shape.get("model", 1)
+  sizes = [s[2] for s in split if "model" in s[4]]
+  fits = [n for n in range(1, mesh.size + 1)
+          if mesh.size % n == 0 and all(size % n == 0 for size in sizes)]
+  names = ", ".join(f"'{a}'" for a in axes)
+  raise ConfigError(
+      f"NUM_PARTITIONS={partitions} splits {path} {shape} along a dimension of {size} over "
+      f"{devices} devices ({names} mesh axis), which do not divide it; the largest "
+      f"NUM_PARTITIONS this model fits is {max(fits)}")
 
 
 def logical_specs(boxed_variables: Any) -> Any:

@@ -230,6 +230,7 @@ def layout(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   boxed = abstract_variables(abstract_model, feature_lengths)
   shardings = trees.flatten(param_shardings(boxed, mesh))
   shapes = trees.flatten(trees.unbox(boxed))
+  partitioning.check_divisible(shapes, shardings)
   frozen_dt, frozen_exceptions = frozen_dtypes(frozen_dtype, config)
   # Trainable parameters and their optimizer state in float32 (float64 in a float64 run).
   trainable_dt = jnp.promote_types(jnp.float32, config.dtype)

@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 from prompt_jax import partitioning
 from tests import numerics
@@ -45,7 +47,7 @@ def test_single_device_mesh_and_rules():
   assert dict(mesh.shape) == {"data": jax.device_count(), "model": 1}
   rules = dict(partitioning.logical_axis_rules())
   assert rules["batch"] == "data" and rules["mlp"] == "model" and rules["prompt"] is None
-  with pytest.raises(ValueError, match="num_partitions=3 must divide"):
+  with pytest.raises(ValueError, match="NUM_PARTITIONS=3 must divide"):
     partitioning.create_mesh(3, devices=[object()] * 8)
 
 
@@ -96,3 +98,21 @@ def test_broadcast_batch_sums_the_gradient_in_shard_order(tmp_path):
   assert result["differs_from_one_sum"]
   assert result["all_gather"] and not result["all_reduce"]
   assert result["shards"] == [["data"], 4] and result["outside"] == [[], 1]
+
+
+def test_check_divisible_names_the_parameter_and_the_largest_fitting_count():
+  """A split dimension that the mesh axis does not divide is a ConfigError naming
+  NUM_PARTITIONS and the largest count every split dimension allows (jax's own error came from
+  deep in the checkpoint read, blamed on INITIAL_CHECKPOINT_PATH)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  mesh = types.SimpleNamespace(shape={"data": 1, "model": 8}, size=8)
+  sharded = lambda *spec: types.SimpleNamespace(mesh=mesh, spec=PartitionSpec(*spec))
+  shapes = {"a": jax.ShapeDtypeStruct((16, 24), jnp.float32),
+            "b": jax.ShapeDtypeStruct((12, 6), jnp.float32)}
+  partitioning.check_divisible(shapes, {"a": sharded(None, "model"), "b": sharded()})
+  with pytest.raises(ConfigError, match=r"NUM_PARTITIONS=8 splits b \(12, 6\) along a dimension "
+                                        r"of 12 over 8 devices \('model' mesh axis\), which do "
+                                        r"not divide it; the largest NUM_PARTITIONS this model "
+                                        r"fits is 4"):
+    partitioning.check_divisible(shapes, {"a": sharded(None, "model"), "b": sharded("model")})

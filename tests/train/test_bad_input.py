@@ -103,6 +103,15 @@ def _gin_file(ctx, text):
   return path
 
 
+def _t5x_run(ctx):
+  """A MODEL_DIR as t5x.train leaves it: its config.gin is t5x's (tests/t5x run the real one)."""
+  os.makedirs(os.path.join(ctx.model_dir, "checkpoint_2"))
+  with open(os.path.join(ctx.model_dir, "config.gin"), "w") as f:
+    f.write("from __gin__ import dynamic_registration\nimport __main__ as train_script\n"
+            "train_script.train.model_dir = %MODEL_DIR\n")
+  return ctx.model_dir
+
+
 def _file_model_dir(ctx):
   path = ctx.path("model_dir_is_a_file")
   with open(path, "w") as f:
@@ -211,6 +220,13 @@ CASES = [
          "BATCH_SIZE=3 is not divisible by the data-parallel size 2", devices=2),
     Case("num_partitions_not_dividing_devices", lambda c: train(c, "--gin.NUM_PARTITIONS=3"),
          "NUM_PARTITIONS=3", devices=2),
+    Case("num_partitions_not_dividing_the_model", lambda c: train(c, "--gin.NUM_PARTITIONS=8"),
+         "NUM_PARTITIONS=8 splits decoder/logits_dense/kernel (64, 260) along a dimension of 260 "
+         "over 8 devices ('model' mesh axis), which do not divide it; the largest NUM_PARTITIONS "
+         "this model fits is 4", devices=8),  # was blamed on INITIAL_CHECKPOINT_PATH
+    Case("eval_num_partitions_not_dividing_devices", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin.NUM_PARTITIONS=3"],
+         "NUM_PARTITIONS=3 must divide the 1 devices here"),
     Case("prompt_length_zero", lambda c: train(c, "--gin.PROMPT_LENGTH=0"),
          "PROMPT_LENGTH must be >= 1"),
     Case("more_class_labels_than_prompt_tokens", lambda c: train(
@@ -259,6 +275,13 @@ CASES = [
         "infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
          "is not a prompt_jax checkpoint", model_dir="fresh"),
+    Case("describe_model_dir_without_a_run", lambda c: [
+        "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
+         "holds no trained run (no config.gin): point it at a run's directory, or name a model "
+         "file", model_dir="fresh"),  # was gin's "Required bindings for t5_config"
+    Case("eval_of_a_t5x_train_run", lambda c: ["eval", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
+         "is a run of t5x.train, whose config.gin prompt-jax does not read: evaluate it with "
+         "--gin.CHECKPOINT_PATH=", model_dir="fresh"),
     Case("export_output_is_a_directory", lambda c: [
         "export", f"--gin.MODEL_DIR='{c.model_dir}'", f"--output={c.path()}"],
          "is a directory: name the .npy file to write"),
