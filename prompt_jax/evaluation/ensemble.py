@@ -316,7 +316,7 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
       n = chunk.shape[0]
       padded = np.zeros((batch_size,) + chunk.shape[1:], np.int32)
       padded[:n] = chunk
-      enc = jax.make_array_from_process_local_data(sharding, inference._local_rows(padded))  # pylint: disable=protected-access
+      enc = inference._global_rows(sharding, padded)  # pylint: disable=protected-access
       if prompt_of_row is None:
         if bank_ids:
           row_prompt = jnp.asarray(np.tile(np.array([bank_index[i] for i in bank_ids],

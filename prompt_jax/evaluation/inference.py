@@ -51,9 +51,12 @@ def label_tokens(labels: Sequence[str], vocabulary) -> np.ndarray:
   return np.array([i + [0] * (width - len(i)) for i in ids], np.int32)
 
 
-def _local_rows(x: np.ndarray) -> np.ndarray:
-  n = x.shape[0] // jax.process_count()
-  return x[jax.process_index() * n:(jax.process_index() + 1) * n]
+def _global_rows(sharding, x: np.ndarray) -> jax.Array:
+  """[B, ...] rows, the same on every process -> a global array on `sharding` (the `data`
+  sharding): each process feeds the rows its devices hold (`data_lib.process_rows`, as in
+  training), so processes that share rows (a `model` axis across processes) feed the same."""
+  start, stop = data_lib.process_rows(sharding, x.shape[0])
+  return jax.make_array_from_process_local_data(sharding, x[start:stop], x.shape)
 
 
 def _gather(x) -> np.ndarray:
@@ -86,7 +89,7 @@ def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
       chunk = chunk[:, :cut]
     padded = np.zeros((batch_size,) + chunk.shape[1:], np.int32)
     padded[:chunk.shape[0]] = chunk
-    return chunk.shape[0], jax.make_array_from_process_local_data(sharding, _local_rows(padded))
+    return chunk.shape[0], _global_rows(sharding, padded)
 
   for begin in range(0, encoder_inputs.shape[0], batch_size):
     cut = None

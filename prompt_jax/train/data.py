@@ -3,8 +3,9 @@
 Configured as t5x's `utils.DatasetConfig` (same field names), so gin lines read the same:
   train/DatasetConfig.mixture_or_task_name = %MIXTURE_OR_TASK_NAME
 
-Evaluation: each process reads its shard of the data (seqio.ShardInfo) and yields `batch_size //
-process_count` rows; the loop assembles the global batch sharded on `data`.
+Evaluation (teacher forced): each process reads the data shard of the rows its devices hold
+(`process_rows`: shard start/R of B/R for R rows; processes that share rows, a `model` axis across
+processes, read the same shard); the loop assembles the global batch sharded on `data`.
 
 Training (`TrainStream`): the global batch does not depend on the topology. The split is read as
 a fixed number K of data shards (`num_data_shards`, seqio.ShardInfo(k, K)); the global batch of
@@ -223,6 +224,16 @@ def process_rows(sharding, batch_size: int) -> Tuple[int, int]:
   return spans[0][0], spans[-1][1]
 
 
+def _all_process_rows(rows: Tuple[int, int]) -> List[Tuple[int, int]]:
+  """[(start, stop)] of the batch rows of every process (`process_rows`), in process order;
+  `rows` is this process's (a collective with more than one process)."""
+  if jax.process_count() == 1:
+    return [tuple(rows)]
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  spans = np.asarray(multihost_utils.process_allgather(np.array(rows, np.int32)))
+  return [(int(a), int(b)) for a, b in spans.reshape(-1, 2)]
+
+
 def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int, skip: int = 0,
                   group_batches: int = 0) -> tf.data.Dataset:
   """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted, sorted by
@@ -360,10 +371,11 @@ class TrainStream:
   """This process's rows of each step's global batch (see the module docstring).
 
   `iterators`: shard -> tf.data iterator, every shard this process reads; `owned`: the shards
-  whose state this process saves (those whose first row is on this process, so each shard is
-  saved by exactly one process). With `length_buckets` on, each batch is cut to its bucket
-  (`buckets`) after it is read: the iterator state is that of the padded stream (with
-  `group_by_length`, of the grouped one).
+  whose state this process saves (those whose first row is on this process and on no process of
+  a lower index: with a `model` axis across processes several hold the same rows, and each shard
+  is still saved by exactly one process; a restore gives every holder the state). With
+  `length_buckets` on, each batch is cut to its bucket (`buckets`) after it is read: the
+  iterator state is that of the padded stream (with `group_by_length`, of the grouped one).
   `tokens_real` / `tokens_processed` count this process's real and processed token positions
   (inputs + targets, prompt positions excluded) for the real-token share."""
 
@@ -379,7 +391,10 @@ class TrainStream:
                                         -(-stop // self.rows_per_shard)))
     self._offset = start - self.shards[0] * self.rows_per_shard
     self._rows = stop - start
-    self.owned: List[int] = [k for k in self.shards if start <= k * self.rows_per_shard < stop]
+    holders = _all_process_rows(rows)  # [(start, stop)] of every process, by index
+    lead = lambda row: min(p for p, (a, b) in enumerate(holders) if a <= row < b)
+    self.owned: List[int] = [k for k in self.shards if start <= k * self.rows_per_shard < stop
+                             and lead(k * self.rows_per_shard) == jax.process_index()]
     self.iterators: Dict[int, tf.data.Iterator] = {}
     num_buckets, multiple = length_buckets()
     self.buckets: Optional[Dict[str, Tuple[int, ...]]] = None

@@ -64,11 +64,16 @@ def _agreed_count(n: int) -> int:
 def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConfig,
                         max_batches: Optional[int] = None) -> Dict[str, float]:
   """Token-weighted mean teacher-forced metrics over the (first `max_batches` batches of the)
-  split. Processes with fewer batches of their shard feed all-padding batches."""
-  ds = data_lib.get_dataset(cfg, num_epochs=1, drop_remainder=False)
+  split. Each process reads the data shard of the rows its devices hold (`data_lib.process_rows`;
+  processes sharing rows, a `model` axis across processes, read the same shard) and feeds those
+  rows; processes with fewer batches of their shard feed all-padding batches."""
+  sharding = partitioning.data_sharding(run.mesh)
+  start, stop = data_lib.process_rows(sharding, cfg.batch_size)
+  rows = stop - start
+  ds = data_lib.get_dataset(cfg, num_epochs=1, drop_remainder=False, shard_id=start // rows,
+                            num_shards=cfg.batch_size // rows)
   if max_batches is not None:
     ds = ds.take(max_batches)
-  rows = cfg.batch_size // jax.process_count()
   local = [pad_batch(b, rows) for b in data_lib.numpy_batches(ds)]
   count = _agreed_count(len(local))
   if local:
@@ -79,12 +84,12 @@ def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConf
              "decoder_input_tokens": np.zeros((rows, lengths["targets"]), np.int32),
              "decoder_target_tokens": np.zeros((rows, lengths["targets"]), np.int32),
              "decoder_loss_weights": np.zeros((rows, lengths["targets"]), np.int32)}
-  sharding = partitioning.data_sharding(run.mesh)
   totals, tokens = {}, 0.0
   for i in range(count):
     batch = local[i] if i < len(local) else empty
     with partitioning.axis_rules(run.mesh):
-      m = jax.device_get(eval_step(run.trainable, run.frozen, global_batch(batch, sharding)))
+      m = jax.device_get(eval_step(run.trainable, run.frozen,
+                                   global_batch(batch, sharding, cfg.batch_size)))
     w = float(m["num_tokens"])
     for k in ("loss", "accuracy", "cross_ent_loss_per_token"):
       totals[k] = totals.get(k, 0.0) + float(m[k]) * w
@@ -147,7 +152,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   _check_run_values(model_dir, total_steps, checkpoint_period=checkpoint_period,
                     stats_period=stats_period, keep_checkpoints=keep_checkpoints,
                     eval_period=eval_period)
-  mesh = _mesh(num_partitions)
+  mesh = partitioning.create_mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
   data_lib.check_split(task, train_dataset_cfg.split)
@@ -335,13 +340,6 @@ def _check_count(name: str, value: Any, least: int, more: str = "") -> None:
     raise ConfigError(f"{name} must be an integer, got {value!r}")
   if value < least:
     raise ConfigError(f"{name} must be >= {least}{more}, got {value}")
-
-
-def _mesh(num_partitions: int):
-  try:
-    return partitioning.create_mesh(num_partitions)
-  except ValueError as e:
-    raise ConfigError(f"NUM_PARTITIONS={num_partitions}: {e}") from e
 
 
 def _resumed(mngr, model_dir: str, restored: checkpointing.Restored,

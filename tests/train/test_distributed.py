@@ -133,6 +133,39 @@ def test_two_single_device_processes_match_bitwise(tmp_path):
       "shard-00000-of-00002.index", "shard-00001-of-00002.index"]
 
 
+def _eval_lines(output: str) -> dict:
+  """{'training_eval step 2': {'loss': 1.57, ...}, 'inference_eval step 2': {...}, ...}."""
+  found = {}
+  for line in output.splitlines():
+    if line.startswith(("training_eval step ", "inference_eval step ")):
+      head, values = line.split(": ", 1)
+      words = values.split()
+      found[head] = {k: float(v) for k, v in zip(words[::2], words[1::2])}
+  return found
+
+
+def test_model_axis_across_processes_matches_one_process(tmp_path):
+  """NUM_PARTITIONS=4 on 2 processes x 2 devices: the `model` axis spans both processes, whose
+  devices hold the same rows (a data axis of 1). Each must feed those rows to training_eval and
+  inference_eval (as 1 process x 4 devices does), and only one of them saves data shard 0's
+  iterator state (two writers of the same file failed the first checkpoint)."""
+  extra = ("--gin.NUM_PARTITIONS=4", "--gin.EVAL_PERIOD=2", "--gin.CHECKPOINT_PERIOD=2")
+  single = str(tmp_path / "single")
+  proc = common.cli_subprocess(["train"] + common.flags(single, 2, *extra), devices=4)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  multi = str(tmp_path / "multi")
+  outputs = _run_processes(multi, 2, 2, *extra)
+  want, got = _eval_lines(proc.stdout), _eval_lines(outputs[0])
+  assert "training_eval step 2" in want and "inference_eval step 2" in want, proc.stdout[-3000:]
+  assert sorted(got) == sorted(want), outputs[0][-3000:]
+  for head, metrics in want.items():  # printed to 4 decimals; the all-reduce order differs
+    assert sorted(got[head]) == sorted(metrics), (head, got[head], metrics)
+    for name, value in metrics.items():
+      assert abs(got[head][name] - value) <= 2e-4, (head, name, got[head][name], value)
+  iterators = os.listdir(os.path.join(multi, "checkpoints", "2", "data_iterators"))
+  assert [f for f in iterators if f.endswith(".index")] == ["shard-00000-of-00001.index"]
+
+
 def test_sigterm_to_one_process_stops_both_at_one_checkpoint(tmp_path):
   """Multi-host preemption: SIGTERM reaches one process (as a TPU VM or SLURM may deliver it);
   JAX's preemption service makes both save the same step and stop."""
