@@ -107,7 +107,8 @@ def _config(args):
   layering.quiet_gin_lookups()
   try:
     try:
-      gin.parse_config_files_and_bindings([args.model], [], skip_unknown=True)
+      gin.parse_config_files_and_bindings([args.model], [], skip_unknown=True,
+                                          finalize_config=False)
     except (IOError, OSError) as e:
       raise ConfigError(f"{where} cannot be read ({layering.first_line(e)}); {give}") from e
     except tokenize.TokenError as e:  # gin says only ('EOF in multi-line statement', (N, 0))
