@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -208,30 +208,26 @@ def numpy_batches(ds: tf.data.Dataset) -> Iterator[Mapping[str, np.ndarray]]:
 
 # ===== Training: a topology-independent global stream =====
 
+def process_spans(sharding, batch_size: int) -> List[Tuple[int, int, int]]:
+  """(start, stop, process index) of the global batch rows each device holds under `sharding`
+  (the `data` sharding of a [batch, ...] array): every device's, which every process knows from
+  the sharding alone."""
+  return sorted({(index[0].start or 0, batch_size if index[0].stop is None else index[0].stop,
+                  device.process_index)
+                 for device, index in sharding.devices_indices_map((batch_size, 1)).items()})
+
+
 def process_rows(sharding, batch_size: int) -> Tuple[int, int]:
   """[start, stop) of the global batch rows that this process's devices hold under `sharding`
   (the `data` sharding of a [batch, ...] array)."""
-  spans = set()
-  for index in sharding.addressable_devices_indices_map((batch_size, 1)).values():
-    rows = index[0]
-    spans.add((rows.start or 0, batch_size if rows.stop is None else rows.stop))
-  spans = sorted(spans)
+  spans = sorted({(start, stop) for start, stop, process in process_spans(sharding, batch_size)
+                  if process == jax.process_index()})
   for (_, stop), (start, _) in zip(spans, spans[1:]):
     if start != stop:
       raise ConfigError(f"this process's devices hold rows {spans} of the batch, not one "
                         f"contiguous block; the data layout needs the devices of each process "
                         f"next to each other on the mesh's data axis")
   return spans[0][0], spans[-1][1]
-
-
-def _all_process_rows(rows: Tuple[int, int]) -> List[Tuple[int, int]]:
-  """[(start, stop)] of the batch rows of every process (`process_rows`), in process order;
-  `rows` is this process's (a collective with more than one process)."""
-  if jax.process_count() == 1:
-    return [tuple(rows)]
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  spans = np.asarray(multihost_utils.process_allgather(np.array(rows, np.int32)))
-  return [(int(a), int(b)) for a, b in spans.reshape(-1, 2)]
 
 
 def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int, skip: int = 0,
@@ -379,7 +375,8 @@ class TrainStream:
   `tokens_real` / `tokens_processed` count this process's real and processed token positions
   (inputs + targets, prompt positions excluded) for the real-token share."""
 
-  def __init__(self, cfg: DatasetConfig, num_shards: int, rows: Tuple[int, int]):
+  def __init__(self, cfg: DatasetConfig, num_shards: int, rows: Tuple[int, int],
+               spans: Optional[Sequence[Tuple[int, int, int]]] = None):
     if num_shards < 1 or cfg.batch_size % num_shards:
       raise ConfigError(f"BATCH_SIZE={cfg.batch_size} is not divisible by num_data_shards="
                         f"{num_shards}; choose a number of data shards that divides it")
@@ -391,10 +388,11 @@ class TrainStream:
                                         -(-stop // self.rows_per_shard)))
     self._offset = start - self.shards[0] * self.rows_per_shard
     self._rows = stop - start
-    holders = _all_process_rows(rows)  # [(start, stop)] of every process, by index
-    lead = lambda row: min(p for p, (a, b) in enumerate(holders) if a <= row < b)
+    # `spans` (`process_spans`: every device's rows and process): the lowest process holding a
+    # shard's first row saves it; without them, this process holds its rows alone.
+    lead = lambda row: min(p for a, b, p in spans if a <= row < b) if spans else None
     self.owned: List[int] = [k for k in self.shards if start <= k * self.rows_per_shard < stop
-                             and lead(k * self.rows_per_shard) == jax.process_index()]
+                             and lead(k * self.rows_per_shard) in (None, jax.process_index())]
     self.iterators: Dict[int, tf.data.Iterator] = {}
     num_buckets, multiple = length_buckets()
     self.buckets: Optional[Dict[str, Tuple[int, ...]]] = None

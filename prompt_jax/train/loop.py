@@ -168,7 +168,8 @@ def train(*, model_dir: str = gin.REQUIRED,
   # Built before the backbone so that data errors (a malformed file) come first.
   stream = data_lib.TrainStream(
       train_dataset_cfg, num_data_shards,
-      data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size))
+      data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size),
+      data_lib.process_spans(data_sharding, train_dataset_cfg.batch_size))
   tx = optimizer.tx
   replicated = partitioning.replicated(mesh)
   # The step is built from the run's layout, before any weight is read, and compiled on a
