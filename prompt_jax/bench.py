@@ -47,13 +47,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from prompt_jax import errors
-from prompt_jax import bench_profile, console, host_malloc
+from prompt_jax import bench_profile, console, errors, host_malloc
 
 
 def _parser() -> argparse.ArgumentParser:
   p = errors.OneLineParser(prog="prompt-jax bench", description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("what",
                  choices=["train_step", "epoch", "eval", "ensemble", "startup", "attention"],
                  help="what to measure")

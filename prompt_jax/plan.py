@@ -209,38 +209,31 @@ def _report(args, result: Dict[str, float]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
+  """`prompt-jax plan` (run by the CLI, whose one error path prints a ConfigError as one line)."""
   argv = list(sys.argv[1:] if argv is None else argv)
   from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
   xla_defaults.apply()  # the memory-minimising CPU scheduler, before jax starts (as the CLI)
-  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  try:
-    args = _parser().parse_args(argv)
-    data, model_parallel = _layout(args)
-    _config(args)  # the file binds a model: said here, before any fake devices are started
-    needed = data * model_parallel
-    if not os.environ.get(_FAKE_DEVICES_ENV):
-      import jax  # pylint: disable=g-import-not-at-top
-      if jax.device_count() < needed:
-        # Fake CPU devices must be set before jax starts: plan again in a fresh process.
-        env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
-        env["XLA_FLAGS"] = xla_defaults.merge(
-            env["XLA_FLAGS"], f"--xla_force_host_platform_device_count={needed}")
-        print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
-              f"{needed} fake CPU devices", flush=True)
-        # Through the CLI, so the child's imports are as quiet as this process's were.
-        child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
-        return subprocess.run(child + (["--verbose"] if verbose else []), env=env,
-                              check=False).returncode
-    _report(args, plan(args))
-  except ConfigError as e:
-    if verbose:
-      import traceback  # pylint: disable=g-import-not-at-top
-      traceback.print_exc()
-    # gin appends 'In call to configurable ...' lines to a t5_config error: the first says it.
-    print(f"prompt-jax plan: error: {str(e).splitlines()[0]}", file=sys.stderr)
-    return 2
+  args = _parser().parse_args(argv)
+  data, model_parallel = _layout(args)
+  _config(args)  # the file binds a model: said here, before any fake devices are started
+  needed = data * model_parallel
+  if not os.environ.get(_FAKE_DEVICES_ENV):
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.device_count() < needed:
+      # Fake CPU devices must be set before jax starts: plan again in a fresh process.
+      env = dict(os.environ, JAX_PLATFORMS="cpu", **{_FAKE_DEVICES_ENV: str(needed)})
+      env["XLA_FLAGS"] = xla_defaults.merge(
+          env["XLA_FLAGS"], f"--xla_force_host_platform_device_count={needed}")
+      print(f"plan: {jax.device_count()} {jax.default_backend()} device(s) here; planning on "
+            f"{needed} fake CPU devices", flush=True)
+      # Through the CLI, so the child's imports are as quiet as this process's were.
+      child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
+      return subprocess.run(child + (["--verbose"] if verbose else []), env=env,
+                            check=False).returncode
+  _report(args, plan(args))
   return 0
 
 
-if __name__ == "__main__":
-  sys.exit(main())
+if __name__ == "__main__":  # as `prompt-jax plan`, through the CLI's one error path
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  sys.exit(cli.main(["plan", *sys.argv[1:]]))

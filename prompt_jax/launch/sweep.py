@@ -27,7 +27,7 @@ EXIT_CONFIG_ERROR = 2
 
 def _parser() -> argparse.ArgumentParser:
   p = errors.OneLineParser(prog="prompt-jax sweep", description=__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("subcommand", choices=SUBCOMMANDS)
   p.add_argument("spec", help="a sweep spec (.yaml) or the name of a shipped one")
   p.add_argument("--root", default=None, help="sweep root: job MODEL_DIR = ROOT/<job name>")
