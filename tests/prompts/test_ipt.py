@@ -13,7 +13,7 @@ from prompt_jax.models import T5
 from prompt_jax.prompts import ipt, ipt_pretrain, seam
 from prompt_jax.prompts.tuning import PromptTuning
 from tests.prompts import helpers
-from tests.prompts.test_tuning import _bad_npy
+from tests.prompts.test_tuning import BAD_NPY_REASONS, _bad_npy
 
 P = 3
 V = helpers.TINY.vocab_size
@@ -102,13 +102,7 @@ def test_ipt_pretraining_learns_and_writes_a_table(tmp_path):
   del rng
 
 
-@pytest.mark.parametrize("kind,reason", [
-    ("truncated", "is not a readable .npy array"),
-    ("npz", "is an .npz archive, not one .npy array"),
-    ("text", "is not a .npy array file"),
-    ("pickled", "it holds pickled Python objects"),
-    ("missing", "does not exist"),
-])
+@pytest.mark.parametrize("kind,reason", BAD_NPY_REASONS)
 def test_a_bad_ipt_table_file_is_one_config_error_line(tmp_path, kind, reason):
   path = _bad_npy(tmp_path, kind)
   with pytest.raises(ConfigError) as e:

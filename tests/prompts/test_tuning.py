@@ -86,6 +86,16 @@ def test_prompt_file_shape_is_checked(tmp_path):
     inits.file_init(str(tmp_path / "missing.npy"))
 
 
+# What npy.load says of each damage `_bad_npy` makes (every .npy a user names is read by it).
+BAD_NPY_REASONS = [
+    ("truncated", "is not a readable .npy array"),
+    ("npz", "is an .npz archive, not one .npy array"),
+    ("text", "is not a .npy array file"),
+    ("pickled", "it holds pickled Python objects"),
+    ("missing", "does not exist"),
+]
+
+
 def _bad_npy(tmp_path, kind):
   """A file that is not one numeric .npy array: truncated, .npz, text, pickled, 1-D, missing."""
   path = tmp_path / f"{kind}.npy"
@@ -113,14 +123,8 @@ def test_embedding_file_is_read_as_one_npy_array(tmp_path):
   np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("kind,reason", [
-    ("truncated", "is not a readable .npy array"),
-    ("npz", "is an .npz archive, not one .npy array"),
-    ("text", "is not a .npy array file"),
-    ("pickled", "it holds pickled Python objects"),
-    ("1d", "has shape (16,), not an embedding table [V, H]"),
-    ("missing", "does not exist"),
-])
+@pytest.mark.parametrize("kind,reason", BAD_NPY_REASONS + [
+    ("1d", "has shape (16,), not an embedding table [V, H]")])
 def test_a_bad_embedding_file_is_one_config_error_line(tmp_path, kind, reason):
   path = _bad_npy(tmp_path, kind)
   with pytest.raises(ConfigError) as e:
