@@ -3,9 +3,14 @@
 Anything else is one ConfigError line naming the file and what it is: missing, an `.npz`
 archive, not a `.npy` at all, truncated or damaged, a pickled object array (never unpickled),
 or values that are not numbers. Every reader of such files (PROMPT_FILE, ensemble and bank
-prompts, `inspect --prompt`, `recycle`) goes through `load`, so each says the same.
+prompts, `inspect --prompt`, `recycle`) goes through `load`, so each says the same;
+`load_archive` does the same for the `.npz`/`.safetensors` files of several arrays (IPT's
+pretrained network, an MPT source).
 """
 import os
+import zipfile
+import zlib
+from typing import Dict
 
 import numpy as np
 
@@ -33,9 +38,47 @@ def load(path: str, what: str, hint: str = "") -> np.ndarray:
   try:
     array = np.load(path)  # allow_pickle=False: an object array is refused, never unpickled
   except (OSError, ValueError, EOFError) as e:
-    reason = ("it holds pickled Python objects" if "pickle" in str(e)
-              else (str(e).strip().splitlines() or [type(e).__name__])[0])
-    raise ConfigError(f"{what} is not a readable .npy array ({reason}){tail}") from e
+    raise ConfigError(f"{what} is not a readable .npy array ({_reason(e)}){tail}") from e
   if array.dtype.kind not in "fiub":
     raise ConfigError(f"{what} holds {array.dtype} values, not numbers{tail}")
   return array
+
+
+def load_archive(path: str, what: str, hint: str = "") -> Dict[str, np.ndarray]:
+  """Every array of the `.npz` (numpy.savez) or `.safetensors` file at `path`, read in full, so
+  a damaged member is this one ConfigError line, not a traceback when it is first used."""
+  tail = f"; {hint}" if hint else ""
+  if not path or not os.path.isfile(path):
+    raise ConfigError(f"{what} does not exist{tail}")
+  if path.endswith(".safetensors"):
+    return _safetensors(path, what, tail)
+  try:
+    with open(path, "rb") as f:
+      magic = f.read(4)
+    if magic != b"PK\x03\x04":
+      kind = "a .npy array" if magic == _MAGIC[:4] else "not a zip"
+      raise ConfigError(f"{what} is not an .npz archive of arrays ({kind}){tail}")
+    with np.load(path) as data:  # allow_pickle=False: an object array is refused
+      return {k: np.asarray(data[k]) for k in data.files}
+  except ConfigError:
+    raise
+  except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+    raise ConfigError(f"{what} is not a readable .npz archive ({_reason(e)}){tail}") from e
+
+
+def _safetensors(path: str, what: str, tail: str) -> Dict[str, np.ndarray]:
+  try:
+    from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
+    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError(f"{what} is a .safetensors file: pip install safetensors") from e
+  try:
+    return load_file(path)
+  except (SafetensorError, OSError, ValueError) as e:
+    raise ConfigError(f"{what} is not a readable .safetensors file ({_reason(e)}){tail}") from e
+
+
+def _reason(e: BaseException) -> str:
+  if "pickle" in str(e):
+    return "it holds pickled Python objects"
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]

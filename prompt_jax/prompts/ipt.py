@@ -118,9 +118,17 @@ def load_network(table_path: str, *, encoder: str, widths: Sequence[int], filter
     raise ConfigError(f"encoder IPT needs the pretrained network saved beside the table: "
                       f"{path!r} does not exist; run prompt-jax ipt-pretrain "
                       f"--encoder={encoder} (it writes both)")
-  with np.load(path) as data:
-    meta = json.loads(str(data["__meta__"]))
-    arrays = {k: np.asarray(data[k]) for k in data.files if k != "__meta__"}
+  redo = f"run prompt-jax ipt-pretrain --encoder={encoder} again (it writes both)"
+  arrays = npy.load_archive(path, f"IPT pretrained network {path!r}", redo)
+  try:
+    meta = json.loads(str(arrays.pop("__meta__")))
+  except (KeyError, ValueError) as e:
+    raise ConfigError(f"IPT pretrained network {path!r} has no readable __meta__ record of "
+                      f"its encoder; {redo}") from e
+  if (not isinstance(meta, dict) or meta.get("encoder") not in ("textcnn", "lstm", "mlp")
+      or any(k not in meta for k in ("widths", "filters", "hidden"))):
+    raise ConfigError(f"IPT pretrained network {path!r}'s __meta__ record does not name its "
+                      f"encoder, widths, filters and hidden; {redo}")
   want = dict(encoder=encoder, widths=list(widths), filters=filters, hidden=hidden)
   if meta["encoder"] != encoder:
     raise ConfigError(f"IPT table {table_path!r}'s pretrained network is a {meta['encoder']} "

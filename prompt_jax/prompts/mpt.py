@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import initializers
 from prompt_jax.prompts.multitask import task_ids_of
@@ -111,15 +112,13 @@ def load_source(path: str) -> Dict[str, np.ndarray]:
     if missing:
       raise ConfigError(f"MPT source {path} has no {missing[0]}; point MPT_SOURCE at a source "
                         f"run's numpy_checkpoints/checkpoint_<step> directory")
-    return {k: np.load(os.path.join(path, n)) for k, n in names.items()}
+    return {k: npy.load(os.path.join(path, n), f"MPT source file {os.path.join(path, n)!r}")
+            for k, n in names.items()}
   if not os.path.isfile(path):
     raise ConfigError(f"MPT source {path} does not exist; set MPT_SOURCE to a source run's "
                       f"numpy_checkpoints/checkpoint_<step> directory or a .safetensors/.npz")
-  if path.endswith(".safetensors"):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    raw = load_file(path)
-  else:
-    raw = dict(np.load(path))
+  raw = npy.load_archive(path, f"MPT source {path!r}", "point MPT_SOURCE at a source run's "
+                         "numpy_checkpoints/checkpoint_<step> directory or its PEFT export")
   out = {}
   for ours, peft in PEFT_NAMES.items():
     hits = [v for k, v in raw.items() if k == ours or k.endswith(peft)]

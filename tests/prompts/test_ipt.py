@@ -197,3 +197,33 @@ def test_ipt_pretrain_writes_table_and_network_whole_or_not_at_all(tmp_path, mon
   with pytest.raises(RunError, match="no partial file was left"):
     ipt_pretrain._save(str(tmp_path / "u.npy"), table, network, **meta)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["t.network.npz", "t.npy"]
+
+
+@pytest.mark.parametrize("damage,reason", [
+    ("truncated", "is not a readable .npz archive"),
+    ("npy", "is not an .npz archive of arrays (a .npy array)"),
+    ("no meta", "has no readable __meta__ record"),
+    ("other meta", "does not name its encoder, widths, filters and hidden"),
+])
+def test_a_damaged_ipt_network_is_one_config_error_line(tmp_path, damage, reason):
+  """The pretrained network beside an IPT table, damaged: one line saying to pretrain again."""
+  table = str(tmp_path / "t.npy")
+  path = ipt.network_path(table)
+  meta = dict(encoder="mlp", widths=[2], filters=3, hidden=8)
+  ipt.save_network(table, {"dense/kernel": np.ones((4, 8))}, **meta)
+  if damage == "truncated":
+    with open(path, "rb") as f:
+      data = f.read()
+    with open(path, "wb") as f:
+      f.write(data[:-40])
+  elif damage == "npy":
+    with open(path, "wb") as f:
+      np.save(f, np.ones(3))
+  elif damage == "no meta":
+    np.savez(path, **{"dense/kernel": np.ones((4, 8))})
+  else:
+    np.savez(path, __meta__=np.asarray('["mlp"]'))
+  with pytest.raises(ConfigError) as e:
+    ipt.load_network(table, encoder="mlp", widths=[2], filters=3, hidden=8)
+  assert reason in str(e.value) and "\n" not in str(e.value)
+  assert "prompt-jax ipt-pretrain --encoder=mlp" in str(e.value)

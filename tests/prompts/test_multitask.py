@@ -220,3 +220,34 @@ def test_one_batch_serves_every_task(name):
     assert not np.allclose(mixed[~rows], alone[~rows])
   tokens = decoding.greedy_decode(model, params, enc, 3, task_ids=TASK_IDS)
   assert tokens.shape == (4, 3)
+
+
+@pytest.mark.parametrize("damage,reason", [
+    ("truncated.npz", "is not a readable .npz archive"),
+    ("text.npz", "is not an .npz archive of arrays (not a zip)"),
+    ("truncated.safetensors", "is not a readable .safetensors file"),
+    ("dir", "is not a readable .npy array"),
+])
+def test_a_damaged_mpt_source_is_one_config_error_line(tmp_path, damage, reason):
+  """Every MPT_SOURCE form, damaged, names the file and what to do; never a traceback."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  arrays = {"prompt_embeddings": np.ones((3, H), np.float32)}
+  path = tmp_path / damage
+  if damage == "dir":
+    path.mkdir()
+    for k in mpt.PEFT_NAMES:
+      np.save(path / f"encoder.prompt.prompt.{k}.npy", np.ones((2, 2), np.float32))
+    bad = path / "encoder.prompt.prompt.task_rows.npy"
+    bad.write_bytes(bad.read_bytes()[:100])
+  elif damage == "text.npz":
+    path.write_text("prompt\n")
+  elif damage.endswith(".npz"):
+    np.savez(path, **arrays)
+    path.write_bytes(path.read_bytes()[:-8])
+  else:
+    save_file(arrays, str(path))
+    path.write_bytes(path.read_bytes()[:-8])
+  with pytest.raises(ConfigError) as e:
+    mpt.load_source(str(path))
+  assert reason in str(e.value) and "\n" not in str(e.value)
+  assert "MPT source" in str(e.value)
