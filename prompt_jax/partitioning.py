@@ -131,6 +131,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def to_host(x: Any) -> np.ndarray:
+  """The whole value of `x` on every process: an array split over devices of other processes
+  (rows over `data` across hosts, a parameter over a `model` axis that spans processes) is
+  all-gathered first, where `jax.device_get` refuses it."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
 @contextlib.contextmanager
 def axis_rules(mesh: Mesh, rules: Optional[LogicalRules] = None):
   """Context in which activations' logical constraints resolve to `mesh` axes (and in which

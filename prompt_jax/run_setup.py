@@ -325,7 +325,7 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
                                    shardings=lambda path: shardings[path])
     loaded = trees.flatten(loaded)
     if held_embedding is not None:
-      embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
+      embedding = partitioning.to_host(loaded[EMBEDDING]).astype(np.float32)
       loaded[EMBEDDING] = _as(loaded[EMBEDDING], held_embedding)
   else:
     logging.warning("INITIAL_CHECKPOINT_PATH is empty: the backbone is randomly initialised")
@@ -333,7 +333,7 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
                              keep=lambda p: p in backbone)
 
   if embedding is None and EMBEDDING in loaded:
-    embedding = np.asarray(_host(loaded[EMBEDDING]), np.float32)
+    embedding = partitioning.to_host(loaded[EMBEDDING]).astype(np.float32)
   model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
   missing = [p for p in shardings if p not in backbone]
   deferred = () if init_trainable else tuple(
@@ -441,11 +441,6 @@ def random_backbone(model: nn.Module, feature_lengths: Mapping[str, int], rng: A
   return random_init.fill(inits, rng, keep, shardings)
 
 
-def _host(x):
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return multihost_utils.process_allgather(x, tiled=True)
-  return jax.device_get(x)
 
 
 def count(tree: PyTree) -> int:

@@ -253,7 +253,7 @@ def serve(members: List[Member], model: run_setup.ModelSpec, dataset_cfg, initia
                           vocabulary=vocabulary, frozen_dtype=model.frozen_dtype,
                           init_trainable=False)
   modules = {}
-  embedding = np.asarray(jax.device_get(run.frozen["token_embedder"]["embedding"]), np.float32)
+  embedding = partitioning.to_host(run.frozen["token_embedder"]["embedding"]).astype(np.float32)
   for m in members:
     if m.entry is not None:
       continue
@@ -321,24 +321,24 @@ def _rows(server: Server, tokens: np.ndarray, prompt_of_row: Optional[np.ndarray
         if bank_ids:
           row_prompt = jnp.asarray(np.tile(np.array([bank_index[i] for i in bank_ids],
                                                     np.int32), (batch_size, 1)))
-          res = inference._gather(bank_call(enc, row_prompt))  # pylint: disable=protected-access
+          res = partitioning.to_host(bank_call(enc, row_prompt))
           res = res.reshape((batch_size, len(bank_ids)) + res.shape[1:])[:n]
           for j, i in enumerate(bank_ids):
             out[begin:begin + n, i] = res[:, j]
         for i, m in enumerate(server.members):
           if m.entry is None:
-            out[begin:begin + n, i] = inference._gather(module_call(m.name, enc))[:n]  # pylint: disable=protected-access
+            out[begin:begin + n, i] = partitioning.to_host(module_call(m.name, enc))[:n]
       else:
         own = np.zeros(batch_size, np.int32)
         own[:n] = prompt_of_row[begin:begin + n]
         in_bank = [i for i in sorted(set(own[:n].tolist())) if i in bank_index]
         if in_bank:
           row_prompt = np.array([[bank_index.get(int(i), 0)] for i in own], np.int32)
-          res = inference._gather(bank_call(enc, jnp.asarray(row_prompt)))[:n]  # pylint: disable=protected-access
+          res = partitioning.to_host(bank_call(enc, jnp.asarray(row_prompt)))[:n]
           rows = np.isin(own[:n], in_bank)
           out[begin:begin + n, 0][rows] = res[rows]
         for i in sorted(set(own[:n].tolist()) - set(bank_index)):
-          res = inference._gather(module_call(server.members[i].name, enc))[:n]  # pylint: disable=protected-access
+          res = partitioning.to_host(module_call(server.members[i].name, enc))[:n]
           rows = own[:n] == i
           out[begin:begin + n, 0][rows] = res[rows]
       if meter is not None:

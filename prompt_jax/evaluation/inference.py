@@ -59,13 +59,6 @@ def _global_rows(sharding, x: np.ndarray) -> jax.Array:
   return jax.make_array_from_process_local_data(sharding, x[start:stop], x.shape)
 
 
-def _gather(x) -> np.ndarray:
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
-
-
 def _batches(run, encoder_inputs: np.ndarray, batch_size: int,
              progress: Optional[str] = None, task_ids: Optional[np.ndarray] = None
              ) -> Iterator[Tuple[int, jax.Array, Optional[jax.Array]]]:
@@ -112,7 +105,7 @@ def label_scores(run, encoder_inputs: np.ndarray, label_ids: np.ndarray, *,
   out = []
   with partitioning.axis_rules(run.mesh):
     for n, enc, ids in _batches(run, encoder_inputs, batch_size, progress, task_ids):
-      out.append(_gather(decoding.score_targets(run.model, params, enc, label_ids,
+      out.append(partitioning.to_host(decoding.score_targets(run.model, params, enc, label_ids,
                                                 task_ids=ids))[:n])
   return np.concatenate(out) if out else np.zeros((0, label_ids.shape[0]), np.float32)
 
@@ -134,10 +127,10 @@ def decode_rows(run, encoder_inputs: np.ndarray, *, batch_size: int, max_decode_
         beams, beam_scores = decoding.beam_decode(run.model, params, enc, max_decode_length,
                                                   beam_size=cfg.beam_size, alpha=cfg.alpha,
                                                   eos_id=eos_id, task_ids=ids)
-        tokens.append(_gather(beams)[:n, 0])
-        scores.append(_gather(beam_scores)[:n, 0])
+        tokens.append(partitioning.to_host(beams)[:n, 0])
+        scores.append(partitioning.to_host(beam_scores)[:n, 0])
       else:
-        tokens.append(_gather(decoding.greedy_decode(run.model, params, enc, max_decode_length,
+        tokens.append(partitioning.to_host(decoding.greedy_decode(run.model, params, enc, max_decode_length,
                                                      eos_id=eos_id, task_ids=ids))[:n])
   empty = np.zeros((0, max_decode_length), np.int32)
   return (np.concatenate(tokens) if tokens else empty,

@@ -8,7 +8,7 @@ from typing import Optional
 import gin
 import numpy as np
 
-from prompt_jax import trees
+from prompt_jax import partitioning, trees
 from prompt_jax.errors import ConfigError
 from prompt_jax.prompts import prefix
 from prompt_jax.prompts.specs import base
@@ -91,8 +91,8 @@ class DeepPrefixSpec(base.MethodSpec):
         backbone.vocabulary.encode(self.init_words), self.length))
     params = backbone.params
     params = trees.unflatten(params) if "token_embedder/embedding" in params else params
-    kv = tuple(np.asarray(a) for a in prefix.word_activations(backbone.config, params, tokens,
-                                                                decoder=decoder))
+    kv = tuple(partitioning.to_host(a)  # whole, where a model axis spans processes
+               for a in prefix.word_activations(backbone.config, params, tokens, decoder=decoder))
     return lambda: kv
 
   def _hook(self, backbone, num_layers: int, decoder: bool):
