@@ -98,6 +98,8 @@ def _logits_via_embedding(hf: Dict[str, Any]) -> bool:
   (T5 1.0) rather than an output projection (T5 1.1, flan, LM-adapted, mT5). transformers >= 5
   writes `tie_word_embeddings: true` for every T5 and says this in `scale_decoder_outputs`
   (its projection may then be `shared.weight` itself); earlier versions only in the tie."""
+  if hf.get("model_type") == "mt5":  # never scaled; transformers 5 writes tie: true for it too
+    return False
   if hf.get("tie_word_embeddings") is False:  # T5 1.1 as transformers 4 wrote it
     return False
   if hf.get("scale_decoder_outputs") is not None:
@@ -226,6 +228,13 @@ def _safetensors_header(filename: str) -> Tuple[int, Dict[str, Any]]:
     if end > size:
       raise _unreadable(filename, "safetensors file",
                         f"tensor {name} ends at byte {end}, the file at byte {size}")
+    shape, dtype = info["shape"], _SAFETENSORS_DTYPES.get(info["dtype"])
+    if dtype is not None and isinstance(shape, list) and all(isinstance(d, int) for d in shape):
+      want = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+      if offsets[1] - offsets[0] != want:
+        raise _unreadable(filename, "safetensors file",
+                          f"tensor {name} spans {offsets[1] - offsets[0]} bytes, its shape "
+                          f"{shape} and dtype {info['dtype']} need {want}")
   return header_size, header
 
 
@@ -311,14 +320,17 @@ class HFCheckpoint:
 
   def __init__(self, path: str):
     self.path = path
-    self.config = config_from_hf(_read_json(os.path.join(path, CONFIG_FILE)), path)
+    hf = _read_json(os.path.join(path, CONFIG_FILE))
+    self.config = config_from_hf(hf, path)
     tied = self.config.logits_via_embedding
     tensors = _tensor_arrays(path)
     if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
       tensors["shared.weight"] = tensors["encoder.embed_tokens.weight"]
-    if not tied and "lm_head.weight" not in tensors and "shared.weight" in tensors:
+    if (not tied and hf.get("tie_word_embeddings") is not False
+        and "lm_head.weight" not in tensors and "shared.weight" in tensors):
       # An output projection tied to the embedding (transformers >= 5 saves it once, as
-      # shared.weight): the same matrix, without T5 1.0's scaling.
+      # shared.weight): the same matrix, without T5 1.0's scaling. A config that says the two
+      # are untied keeps lm_head.weight required (a file without it is incomplete).
       tensors["lm_head.weight"] = tensors["shared.weight"]
     self.arrays: Dict[str, arrays_lib.LazyArray] = {}
     for hf_name, lazy in tensors.items():

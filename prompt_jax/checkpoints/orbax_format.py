@@ -121,6 +121,14 @@ def write_checkpoint(model_dir: str, params: Mapping[str, Any], step: int,
   handlers = {STATE_ITEM: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt)}
   with ocp.CheckpointManager(_epath(model_dir), options=options, item_names=(STATE_ITEM,),
                              item_handlers=handlers) as manager:
-    manager.save(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeSave(state)}))
+    latest = manager.latest_step()
+    if latest is not None and step <= latest:  # the manager would skip the save, returning False
+      raise CheckpointError(f"{model_dir} already holds checkpoint_{latest}; orbax saves only "
+                            f"later steps: save step {latest + 1} or more, or into another "
+                            f"directory")
+    saved = manager.save(step, args=ocp.args.Composite(
+        **{STATE_ITEM: ocp.args.PyTreeSave(state)}))
     manager.wait_until_finished()
+  if not saved or not storage.exists(final_dir):
+    raise CheckpointError(f"orbax did not write {final_dir}; nothing was saved")
   return final_dir

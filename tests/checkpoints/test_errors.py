@@ -135,6 +135,25 @@ def test_damaged_model_safetensors_is_one_line(hf_models, tmp_path, damage):
   assert message.startswith(str(weights))
 
 
+def test_a_safetensors_entry_shorter_than_its_shape_is_one_line(hf_models, tmp_path):
+  """A header entry whose byte range is smaller than shape x dtype (it read the next tensor's
+  bytes as its own values, silently)."""
+  import json  # pylint: disable=g-import-not-at-top
+  ckpt = _hf_copy(hf_models["t5_1_0"].dir, tmp_path)
+  weights = ckpt / "model.safetensors"
+  data = weights.read_bytes()
+  size = int.from_bytes(data[:8], "little")
+  header = json.loads(data[8:8 + size])
+  name = "decoder.final_layer_norm.weight"
+  begin = header[name]["data_offsets"][0]
+  header[name]["data_offsets"] = [begin, begin + 4]
+  text = json.dumps(header).encode()
+  text += b" " * (-len(text) % 8)
+  weights.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:])
+  _raises(rf"tensor {name} spans 4 bytes, its shape \[32\] and dtype F32 need 128",
+          checkpoints.load, ckpt)
+
+
 def test_hf_index_naming_a_missing_shard(hf_models, tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   ckpt = _hf_copy(hf_models["t5_1_0"].dir, tmp_path)

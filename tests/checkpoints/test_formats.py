@@ -102,6 +102,21 @@ def test_latest_complete_step_and_checkpoint_file_paths(hf_models, tmp_path):
     checkpoints.save(tmp_path, params, step=10)
 
 
+def test_orbax_save_of_an_earlier_step_is_refused_not_skipped(hf_models, tmp_path):
+  """orbax's manager skips (returns False for) a step at or below the latest in the directory,
+  a t5x legacy checkpoint_<N> included: the save returned a path that was never written."""
+  _, params = checkpoints.load(hf_models["t5_1_0"].dir)
+  checkpoints.save(tmp_path / "orbax", params, step=500, format="t5x_orbax")
+  checkpoints.save(tmp_path / "mixed", params, step=300)  # legacy msgpack
+  for d, latest in (("orbax", 500), ("mixed", 300)):
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=f"already holds checkpoint_{latest}; orbax saves only later steps"):
+      checkpoints.save(tmp_path / d, params, step=100, format="t5x_orbax")
+    assert sorted(os.listdir(tmp_path / d)) == [f"checkpoint_{latest}"]
+  after = checkpoints.save(tmp_path / "orbax", params, step=501, format="t5x_orbax")
+  assert os.path.isdir(after)
+
+
 def test_failed_save_leaves_nothing(hf_models, tmp_path, monkeypatch):
   _, params = checkpoints.load(hf_models["t5_1_0"].dir)
   calls = []

@@ -79,25 +79,29 @@ def test_file_inside_an_hf_dir_resolves_to_it(hf_models):
   assert checkpoints.detect_format(hf_models["t5_1_0"].dir / "model.safetensors") == "hf"
 
 
-@pytest.mark.parametrize("resaved", [False, True])
-def test_t5_1_1_saved_by_transformers_5_gives_hf_logits(tmp_path, resaved):
+@pytest.mark.parametrize("kind", ["t5_1_1", "t5_1_1_resaved", "mt5"])
+def test_t5_1_1_saved_by_transformers_5_gives_hf_logits(tmp_path, kind):
   """transformers >= 5 writes `tie_word_embeddings: true` for every T5 and marks T5 1.1's
   unscaled output projection with `scale_decoder_outputs: false` (saved once as shared.weight
-  when tied; a re-saved untied model keeps its own lm_head.weight): either loads to HF's logits,
-  within float32 rounding of a float64 forward pass."""
+  when tied; a re-saved untied model keeps its own lm_head.weight). For mT5 it writes neither
+  flag, and mT5 is never scaled (it was loaded as T5 1.0: logits x d_model^-0.5). Each loads to
+  HF's logits, within float32 rounding of a float64 forward pass."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from prompt_jax.models import T5  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
-  hf_config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                    num_decoder_layers=2, num_heads=4,
-                                    feed_forward_proj="gated-gelu", tie_word_embeddings=False)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
-  if resaved:  # an untied (transformers 4) checkpoint, loaded and saved again
+  mt5 = kind == "mt5"
+  hf_config = (transformers.MT5Config if mt5 else transformers.T5Config)(
+      vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+      num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+  model = (transformers.MT5ForConditionalGeneration if mt5
+           else transformers.T5ForConditionalGeneration)(hf_config).eval()
+  if kind == "t5_1_1_resaved":  # an untied (transformers 4) checkpoint, loaded and saved again
     model.lm_head.weight = torch.nn.Parameter(torch.randn(64, 32))
   model.save_pretrained(tmp_path / "hf")
   saved = json.loads((tmp_path / "hf" / "config.json").read_text())
-  assert saved.get("scale_decoder_outputs") is False, saved  # what transformers 5 writes
+  # What transformers 5 writes.
+  assert saved.get("scale_decoder_outputs") is (None if mt5 else False), saved
   config, params = checkpoints.load(tmp_path / "hf")
   assert not config.logits_via_embedding
   enc = np.array([[5, 6, 7, 8, 1]], np.int32)
@@ -111,3 +115,19 @@ def test_t5_1_1_saved_by_transformers_5_gives_hf_logits(tmp_path, resaved):
     exact = model.double()(**ids).logits.numpy()
   from tests import numerics  # pylint: disable=g-import-not-at-top
   numerics.assert_close(ours, theirs, exact, what="logits of a transformers-5 T5 1.1")
+
+
+def test_an_untied_config_without_lm_head_is_a_missing_parameter(hf_models, tmp_path):
+  """`tie_word_embeddings: false` (T5 1.1 as transformers 4 writes it) and no lm_head.weight:
+  the file is incomplete. The embedding must not stand in for the projection (only a
+  transformers 5 file, whose config says the two are tied, saves it once as shared.weight)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  ckpt = shutil.copytree(hf_models["t5_1_1"].dir, tmp_path / "hf")
+  assert json.loads((ckpt / "config.json").read_text())["tie_word_embeddings"] is False
+  weights = load_file(ckpt / "model.safetensors")
+  del weights["lm_head.weight"]
+  save_file(weights, str(ckpt / "model.safetensors"))
+  with pytest.raises(tree.CheckpointError, match="is missing parameter "
+                     "'decoder/logits_dense/kernel'"):
+    checkpoints.load(ckpt)
