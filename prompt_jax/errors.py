@@ -8,6 +8,7 @@ Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command r
   "finished").
 """
 import argparse
+import os
 
 
 class ConfigError(ValueError):
@@ -33,3 +34,13 @@ class OneLineParser(argparse.ArgumentParser):
 
   def error(self, message):
     raise ConfigError(f"{message} ({self.prog} --help lists the flags)")
+
+
+def make_dirs(directory: str, what: str) -> None:
+  """`os.makedirs(directory, exist_ok=True)`, or one ConfigError line starting with `what`
+  ("--output /a/b.npy") when a file is in the way or the place is not writable."""
+  try:
+    os.makedirs(directory or ".", exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"{what}: cannot create the directory {directory} "
+                      f"({e.strerror or e}); choose another place") from e

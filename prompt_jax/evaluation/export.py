@@ -18,9 +18,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import jax
 import numpy as np
 
+from prompt_jax import errors
 from prompt_jax import run_setup
+from prompt_jax import trees
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import run as run_lib
+from prompt_jax.prompts import visibility
 from prompt_jax.train import run_dir
 
 EXPORT_DIR = "export"
@@ -45,6 +48,30 @@ def _nested(flat: Mapping[str, np.ndarray]) -> Dict[str, Any]:
   return out
 
 
+def outside_the_prompt(model: run_setup.ModelSpec, params: Params) -> List[str]:
+  """The checkpoint's trained parameters that are not the method's own (a TRAINABLE_REGEX
+  wider than the method's, e.g. the encoder's final norm too): a prompt file cannot hold them."""
+  flat = trees.flatten(params)
+  return sorted(k for k in flat if trees.is_trainable(k, model.trainable_regex)
+                and not trees.is_trainable(k, model.prompt.trainable_regex))
+
+
+def visibility_note(model: run_setup.ModelSpec) -> Optional[str]:
+  """The run's PROMPT_VISIBILITY when it is not full (None when full): a prompt file does not
+  carry it."""
+  names = visibility.parse(model.prompt.visibility)
+  return ", ".join(sorted(names)) if names is not None else None
+
+
+def check_new_output(output: Optional[str], what: str) -> None:
+  """An explicit --output never replaces a file or a non-empty directory (it may hold a prompt
+  or adapter trained elsewhere): one line. The default paths under MODEL_DIR/export name the
+  checkpoint (run_dir.RunDir.label), so writing them again rewrites the same export."""
+  if output and os.path.exists(output) and not (os.path.isdir(output) and not os.listdir(output)):
+    raise ConfigError(f"--output {output} already exists: export never replaces it; choose "
+                      f"another path or remove it first ({what})")
+
+
 def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
                output: Optional[str] = None, base_model: Optional[str] = None) -> List[str]:
   """Writes each folded array as .npy; returns 'name [shape] float32 (step N): path' lines."""
@@ -53,6 +80,7 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
   if output and os.path.isdir(output):
     raise ConfigError(f"--output {output} is a directory: name the .npy file to write")
+  check_new_output(output, "a .npy file")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))
   arrays = fold(model.prompt, model.config, params)
   if output and len(arrays) > 1:
@@ -62,7 +90,7 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   for stem, array in sorted(arrays.items()):
     path = output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_{run.label}.npy")
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+      errors.make_dirs(os.path.dirname(path), f"--output {path}")
       try:  # written whole or not at all
         with open(path + ".tmp", "wb") as f:
           np.save(f, array)
@@ -72,6 +100,13 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
           os.remove(path + ".tmp")
     which = f"step {run.step}" if run.step is not None else run.checkpoint
     written.append(f"{stem} {list(array.shape)} {array.dtype} of checkpoint {which} to {path}")
+  extra, visible = outside_the_prompt(model, params), visibility_note(model)
+  if extra:
+    written.append(f"note: the run also trained {', '.join(extra)} (TRAINABLE_REGEX), which "
+                   f"the .npy files do not hold: evaluate the run with its MODEL_DIR")
+  if visible:
+    written.append(f"note: the run trained with PROMPT_VISIBILITY {visible}; a PROMPT_FILE run "
+                   f"gives full visibility unless you set it again")
   return written
 
 

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from prompt_jax import errors
 from prompt_jax import npy
 from prompt_jax.errors import ConfigError
 
@@ -290,7 +291,7 @@ def inspect_prompt(prompt: np.ndarray, table: np.ndarray, vocabulary, out_stem: 
     if steps:
       result.rank_probe = (steps, values)
   title = title or os.path.basename(out_stem)
-  os.makedirs(os.path.dirname(out_stem) or ".", exist_ok=True)
+  errors.make_dirs(os.path.dirname(out_stem), f"inspect output {out_stem}_*")
   spectrum = out_stem + "_spectrum.png"
   plot_spectrum(s, tol, spectrum, f"{title}: singular values")
   result.files.append(spectrum)

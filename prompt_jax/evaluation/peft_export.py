@@ -32,10 +32,12 @@ from typing import Any, Dict, List, Optional
 import jax
 import numpy as np
 
+from prompt_jax import errors
 from prompt_jax import run_setup
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import export as export_lib
 from prompt_jax.evaluation import run as run_lib
+from prompt_jax.prompts import visibility
 from prompt_jax.prompts import specs
 from prompt_jax.train import run_dir
 
@@ -58,6 +60,10 @@ def check_representable(spec, config) -> None:
       or spec.decoder_layer_hook(shapes) is not None):
     raise ConfigError(f"PEFT's prompt tuning cannot represent {spec.name}'s per-layer key/value "
                       f"prefixes (it holds input embeddings only): use --format=npy")
+  if visibility.parse(spec.visibility) is not None:
+    raise ConfigError(f"PEFT's virtual tokens and the input always see each other, this run "
+                      f"trained with PROMPT_VISIBILITY={spec.visibility!r}: PEFT would give "
+                      f"other outputs (use --format=npy and set the visibility again)")
   placement = spec.placement if isinstance(spec.placement, str) else getattr(
       spec.placement, "__name__", repr(spec.placement))
   if placement != "prefix":
@@ -102,7 +108,7 @@ def write_adapter(prompt: np.ndarray, out_dir: str, config,
   if prompt.ndim != 2 or prompt.shape[1] != config.emb_dim:
     raise ConfigError(f"a PEFT prompt-tuning adapter holds a [P, {config.emb_dim}] prompt, got "
                       f"shape {prompt.shape}")
-  os.makedirs(out_dir, exist_ok=True)
+  errors.make_dirs(out_dir, f"--output {out_dir}")
   config_path = os.path.join(out_dir, CONFIG_NAME)
   weights_path = os.path.join(out_dir, WEIGHTS_NAME)
   save_file({TENSOR_NAME: prompt}, weights_path + ".tmp", metadata={"format": "pt"})
@@ -119,7 +125,13 @@ def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optiona
   """`export --format=peft`: the run's (folded) prompt as a PEFT adapter directory (default
   MODEL_DIR/export/peft_step<N>); returns one 'what ... to <dir>' line."""
   check_representable(model.prompt, model.config)
+  export_lib.check_new_output(output, "a PEFT adapter directory")
   params = export_lib._nested(run_lib.checkpoint_params(run.checkpoint))  # pylint: disable=protected-access
+  extra = export_lib.outside_the_prompt(model, params)
+  if extra:
+    raise ConfigError(f"the run also trained {', '.join(extra)} (TRAINABLE_REGEX), which a "
+                      f"PEFT prompt-tuning adapter cannot hold: PEFT would give other outputs "
+                      f"(evaluate the run with its MODEL_DIR)")
   arrays = export_lib.fold(model.prompt, model.config, params)
   if set(arrays) != {"prompt"}:  # a method whose fold gives more than an input-level prompt
     raise ConfigError(f"PEFT's prompt tuning cannot represent {model.prompt.name} "
@@ -129,6 +141,9 @@ def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optiona
   if jax.process_index() == 0:
     if os.path.isfile(out_dir):
       raise ConfigError(f"--output {out_dir} is a file: --format=peft writes a directory")
-    write_adapter(prompt, out_dir, model.config, base_model)
+    # PEFT's AutoPeftModel loads base_model_name_or_path with transformers: an HF directory
+    # only (a t5x or orbax backbone is named nowhere; pass the HF model to PeftModel yourself).
+    hf_dir = base_model and os.path.isfile(os.path.join(base_model, "config.json"))
+    write_adapter(prompt, out_dir, model.config, base_model if hf_dir else None)
   return [f"PEFT prompt-tuning adapter ({prompt.shape[0]} virtual tokens x {prompt.shape[1]}, "
           f"{model.prompt.name} of checkpoint step {run.step}) to {out_dir}"]

@@ -103,7 +103,7 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     raise ConfigError(str(e)) from e
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ConfigError(f"--output_dir {output_dir} is a file; pass a directory (it is created)")
-  os.makedirs(output_dir, exist_ok=True)
+  errors.make_dirs(output_dir, f"--output_dir {output_dir}")
   report = {"rows": [int(rows[0]), int(rows[-1])], "prompt": os.path.abspath(prompt_path)}
   for method in methods:
     start = time.time()

@@ -37,14 +37,23 @@ class RunDir:
   step: Optional[int]  # the checkpoint's step
   checkpoint: Optional[str]  # MODEL_DIR/checkpoints/<step> (or CHECKPOINT_PATH)
   numpy_dir: Optional[str]  # MODEL_DIR/numpy_checkpoints/checkpoint_<step>
+  own: bool = True  # the checkpoint is this run's (MODEL_DIR/checkpoints/<step>)
 
   @property
   def label(self) -> str:
-    """What output file names say of the checkpoint: 'step<N>', or for a CHECKPOINT_PATH whose
-    name has no step, that name (two such checkpoints never share an output)."""
-    if self.step is not None or not self.checkpoint:
+    """What output file names say of the checkpoint: 'step<N>' for this run's; for another
+    run's CHECKPOINT_PATH, that run's name too ('<run>_step<N>'), or the checkpoint's name when
+    it has no step, so that outputs of different checkpoints never share a file."""
+    safe = lambda name: re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    if not self.checkpoint or (self.own and self.step is not None):
       return f"step{self.step}"
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(self.checkpoint.rstrip("/")))
+    path = self.checkpoint.rstrip("/")
+    if self.step is None:
+      return safe(os.path.basename(path))
+    run = os.path.dirname(path)  # <run>/checkpoints/<step> (ours), <run>/checkpoint_<step> (t5x)
+    if os.path.basename(run) == checkpointing.CHECKPOINTS_DIR:
+      run = os.path.dirname(run)
+    return f"{safe(os.path.basename(run))}_step{self.step}"
 
   def numpy_files(self) -> Tuple[str, ...]:
     """The `.npy` exports of the checkpoint's trainable parameters (sorted)."""
@@ -90,7 +99,7 @@ def resolve(model_dir: str, checkpoint_path: Optional[str] = None) -> RunDir:
     candidate = epath.Path(model_dir) / checkpointing.NUMPY_DIR / f"checkpoint_{step}"
     numpy_dir = str(candidate) if candidate.is_dir() else None
   return RunDir(model_dir=model_dir, config=config, step=step, checkpoint=checkpoint_path,
-                numpy_dir=numpy_dir)
+                numpy_dir=numpy_dir, own=ours)
 
 
 def state_dir(checkpoint_path: str) -> str:

@@ -229,6 +229,16 @@ def _assert_one_line(code, out, err, message):
       f"prompt-jax inspect: error: {message}"):] and err.count("\n") == 1, err
 
 
+def test_an_output_dir_under_a_file_is_one_line(tmp_path):
+  prompt, in_the_way = tmp_path / "p.npy", tmp_path / "a_file"
+  np.save(prompt, np.ones((4, 64), np.float32))
+  in_the_way.write_text("")
+  code, out, err = run_cli(["inspect", f"--prompt={prompt}", f"--output_dir={in_the_way}/sub",
+                            "--gin_file=runs/embedded_default.gin"])
+  _assert_one_line(code, out, err, f"inspect output {in_the_way}/sub/p_*: cannot create the "
+                                   f"directory {in_the_way}/sub")
+
+
 def test_a_prompt_of_another_width_is_refused(tmp_path):
   path = tmp_path / "wide.npy"
   np.save(path, np.ones((4, 32), np.float32))

@@ -3,6 +3,7 @@ adapter, loaded by `peft.PeftModel.from_pretrained` onto the HF T5 whose weights
 trained on, gives our logits (issue 9, acceptance 4); what PEFT cannot represent is refused in one
 line with nothing written (acceptance 6, export part)."""
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -170,7 +171,11 @@ def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
      "PEFT's prompt tuning cannot represent DeepPrefix's per-layer"),
     (specs.prompt_tuning(length=8, placement="suffix"),
      "PEFT prepends its virtual tokens to the input, this run places its prompt as 'suffix'"),
-], ids=["idpg", "ipt", "deep_prefix", "deep_prefix_with_prompt", "suffix"])
+    (dataclasses.replace(specs.prompt_tuning(length=8),
+                         visibility="input->prompt,prompt->prompt;causal"),
+     "PEFT's virtual tokens and the input always see each other, this run trained with "
+     "PROMPT_VISIBILITY="),
+], ids=["idpg", "ipt", "deep_prefix", "deep_prefix_with_prompt", "suffix", "visibility"])
 def test_export_refuses_what_peft_cannot_represent_and_writes_nothing(hf_run, spec, message):
   _, model_dir = hf_run
   before = sorted(os.listdir(model_dir))
@@ -196,3 +201,54 @@ def test_cli_refuses_a_suffix_prompt_in_one_line(hf_run):
 _CONFIG = get_config("t5_1_1_small", emb_dim=D_MODEL, num_heads=HEADS, head_dim=D_KV,
                      mlp_dim=D_FF, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
                      vocab_size=VOCAB)
+
+
+# ===== what a prompt file cannot hold, and what export never replaces =====
+
+def test_a_run_that_trained_more_than_its_prompt_is_refused_for_peft_and_noted_for_npy(
+    tmp_path):
+  """TRAINABLE_REGEX wider than the method's (here the encoder's final norm too): the prompt
+  alone gives other outputs. PEFT: refused in one line, nothing written; npy: written, with a
+  note naming what it leaves out."""
+  model_dir = str(tmp_path / "run")
+  code, _, err = run_cli(["train"] + common.flags(
+      model_dir, 1, "--gin.TRAINABLE_REGEX='encoder/(prompt/.*|encoder_norm/.*)'"))
+  assert code == 0, err
+  code, _, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 2 and err.count("\n") == 1, err
+  assert "also trained encoder/encoder_norm/scale (TRAINABLE_REGEX)" in err
+  assert not os.path.exists(os.path.join(model_dir, "export"))
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
+  assert "note: the run also trained encoder/encoder_norm/scale" in out
+  assert os.path.isfile(os.path.join(model_dir, "export", "prompt_step1.npy"))
+  # Told to take the prompt alone, PEFT export writes it; the backbone (the embedded t5x
+  # checkpoint, not an HF dir transformers could load) is not named as the base model.
+  code, _, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{model_dir}'",
+                          "--gin.TRAINABLE_REGEX='encoder/prompt/.*'"])
+  assert code == 0, err
+  with open(os.path.join(model_dir, "export", "peft_step1", "adapter_config.json")) as f:
+    assert json.load(f)["base_model_name_or_path"] is None
+
+
+def test_export_never_replaces_an_existing_output(hf_run, tmp_path):
+  """An explicit --output that exists (a prompt or an adapter trained elsewhere) is refused in
+  one line and left as it was; one under a file is one line too (it was an OSError, exit 1)."""
+  _, model_dir = hf_run
+  precious = tmp_path / "precious.npy"
+  np.save(precious, np.arange(10.0))
+  adapter = tmp_path / "adapter"
+  adapter.mkdir()
+  (adapter / "adapter_config.json").write_text("{}")
+  for fmt, output in (("npy", precious), ("peft", adapter)):
+    code, _, err = run_cli(["export", f"--format={fmt}", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--output={output}"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--output {output} already exists: export never replaces it" in err
+  np.testing.assert_array_equal(np.load(precious), np.arange(10.0))
+  assert os.listdir(adapter) == ["adapter_config.json"]
+  for fmt in ("npy", "peft"):
+    code, _, err = run_cli(["export", f"--format={fmt}", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--output={precious}/sub/out"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert "cannot create the directory" in err and "Traceback" not in err

@@ -189,6 +189,8 @@ def test_missing_vocabulary_file_and_a_file_in_the_way_are_one_line(models, tmp_
   in_the_way.write_text("")
   code, _, err = _cli(base + [f"--output_dir={in_the_way}"])
   assert code == 2 and f"--output_dir {in_the_way} is a file" in _one_error_line(err)
+  code, _, err = _cli(base + [f"--output_dir={in_the_way}/sub"])  # was a NotADirectoryError
+  assert code == 2 and "cannot create the directory" in _one_error_line(err)
 
 
 def test_recyclers_directly():

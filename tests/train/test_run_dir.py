@@ -141,7 +141,9 @@ def test_checkpoint_paths_name_their_step_and_outputs_never_collide(dpt_run, tmp
   t5x_like = tmp_path / "checkpoint_2"
   shutil.copytree(os.path.join(model_dir, "checkpoints", "2"), t5x_like)
   theirs = run_dir.resolve(model_dir, str(t5x_like))
-  assert theirs.step == 2 and theirs.numpy_dir is None and theirs.label == "step2"
+  # Another run's checkpoint_2 is named by its run too: it never takes this run's step2 names.
+  assert theirs.step == 2 and theirs.numpy_dir is None and not theirs.own
+  assert theirs.label == f"{tmp_path.name}_step2" != ours.label
   named = tmp_path / "best run"
   shutil.copytree(t5x_like, named)
   assert run_dir.resolve(model_dir, str(named)).label == "best_run"
