@@ -241,6 +241,9 @@ def is_checkpoint_dir(path: str) -> bool:
   return storage.isfile(storage.join(path, MSGPACK_FILE))
 
 
+_TF_STATE = b"model_checkpoint_path"
+
+
 class LegacyCheckpoint:
   """The model weights of one t5x legacy checkpoint directory, read lazily."""
 
@@ -250,6 +253,12 @@ class LegacyCheckpoint:
     self.path = ckpt_dir
     msgpack_path = storage.join(ckpt_dir, MSGPACK_FILE)
     with storage.open_binary(msgpack_path) as f:
+      if f.read(len(_TF_STATE)) == _TF_STATE:  # TensorFlow's text 'checkpoint' state file
+        raise CheckpointError(
+            f"{ckpt_dir} is a TensorFlow checkpoint (the original Mesh TensorFlow T5 release), "
+            f"not t5x: use its t5x conversion (gs://t5-data/pretrained_models/t5x/<model>/"
+            f"checkpoint_<step>) or a Hugging Face T5 directory")
+      f.seek(0)
       self.version, target = read_target(f, msgpack_path)
     self.arrays: Dict[str, arrays_lib.LazyArray] = {}
     for name, leaf in tree_lib.flatten(target, is_leaf=_is_leaf).items():

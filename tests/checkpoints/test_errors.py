@@ -69,6 +69,17 @@ def test_truncated_msgpack(hf_models, tmp_path):
   _raises(r"checkpoint is truncated", checkpoints.load, ckpt)
 
 
+def test_a_mesh_tensorflow_checkpoint_dir_is_named(tmp_path):
+  """The original T5 release (gs://t5-data/pretrained_models/base/): TensorFlow's text
+  `checkpoint` state file beside model.ckpt-* files. It was read as a t5x msgpack ("expected a
+  map, found type byte 0x6d")."""
+  (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-999900"\n'
+                                       'all_model_checkpoint_paths: "model.ckpt-999900"\n')
+  (tmp_path / "model.ckpt-999900.index").write_bytes(b"\0" * 16)
+  _raises(r"is a TensorFlow checkpoint \(the original Mesh TensorFlow T5 release\), not t5x: "
+          r"use its t5x conversion", checkpoints.load, tmp_path)
+
+
 def test_missing_zarr_array_names_parameter(hf_models, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   _, params = checkpoints.load(hf_models["t5_1_0"].dir)
