@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -276,15 +277,22 @@ def _split(args, params):
   """(trainable, frozen) of `params`: the prompt in float32, frozen weights as `prompt-jax
   train` holds them (`run_setup.frozen_dtypes` 'auto'): in --dtype, except those the model uses
   in float32 (T5 1.1's output projection), which a step would otherwise cast every time."""
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from prompt_jax import run_setup, trees  # pylint: disable=g-import-not-at-top
   from prompt_jax.prompts import specs  # pylint: disable=g-import-not-at-top
   trainable, frozen = trees.split(params, specs.DEFAULT_REGEX)
   dtype, exceptions = run_setup.frozen_dtypes(run_setup.AUTO, _config(args))
-  frozen = trees.unflatten({
-      path: x.astype(exceptions.get(path, dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
-      for path, x in trees.flatten(frozen).items()})
-  return trainable, frozen
+  cast = {}
+  for path, x in trees.flatten(frozen).items():  # one array at a time, its original freed, so
+    want = exceptions.get(path, dtype)           # the peak is the step's, not f32 + bf16 copies
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != want:
+      cast[path] = x.astype(want)
+      if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):  # not under eval_shape
+        x.delete()
+    else:
+      cast[path] = x
+  return trainable, trees.unflatten(cast)
 
 
 def _matmul_peak_flops(dtype_name: str) -> float:
@@ -376,9 +384,13 @@ def _hf_model(args):
       vocab_size=c.vocab_size, d_model=c.emb_dim, d_kv=c.head_dim, d_ff=c.mlp_dim,
       num_layers=c.num_encoder_layers, num_decoder_layers=c.num_decoder_layers,
       num_heads=c.num_heads, feed_forward_proj="gated-gelu" if c.is_gated else "relu",
-      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-  model = transformers.T5ForConditionalGeneration(hf_config).to(
-      torch_device(), dtype=getattr(torch, args.dtype))
+      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+      tie_word_embeddings=c.logits_via_embedding)  # T5 1.1: unscaled
+  model = transformers.T5ForConditionalGeneration(hf_config)
+  if not c.logits_via_embedding and model.lm_head.weight is model.shared.weight:
+    # transformers >= 5 ties T5 1.1's projection to the embedding; the model has its own.
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach().clone())
+  model = model.to(torch_device(), dtype=getattr(torch, args.dtype))
   for p in model.parameters():
     p.requires_grad_(False)
   return model
@@ -582,20 +594,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
   if args.side:
     return _side(args)
-  if args.what == "ensemble":
-    if args.dtype != "float32":
-      print("prompt-jax bench: error: bench ensemble runs float32 only; drop --dtype",
-            file=sys.stderr)
-      return 1
-    from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
-    print(f"ensemble ({args.mode}): {args.preset}"
-          f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, {args.inputs} inputs "
-          f"(+{args.prompt_length} prompt), float32", flush=True)
-    try:
-      return bench_ensemble.run(args, _config(args))
-    except ValueError as e:
-      print(f"prompt-jax bench: error: {e}", file=sys.stderr)
-      return 1
+  if args.what == "ensemble" and args.dtype != "float32":
+    print("prompt-jax bench: error: bench ensemble runs float32 only; drop --dtype",
+          file=sys.stderr)
+    return 1
   reference = args.reference or (
       "torch" if args.what == "train_step" else "none" if args.what in _NO_REFERENCE else "peft")
   try:
@@ -614,14 +616,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   try:
     {"train_step": _train_step, "epoch": _epoch, "eval": _eval, "startup": _startup,
-     "attention": _attention}[args.what](args, argv, reference, say)
-  except RuntimeError as e:
+     "attention": _attention, "ensemble": _ensemble}[args.what](args, argv, reference, say)
+  except (RuntimeError, ValueError) as e:
     print(f"prompt-jax bench: error: {e}", file=sys.stderr)
     return 1
   if args.record:
     _record(args.record, argv, lines)
     print(f"recorded in {args.record}")
   return 0
+
+
+def _ensemble(args, argv, reference, say) -> None:
+  """The ensemble batch against one prompt and N sequential runs (bench_ensemble.py)."""
+  del argv, reference  # in-process; no library reference (_NO_REFERENCE)
+  from prompt_jax import bench_ensemble  # pylint: disable=g-import-not-at-top
+  say(f"ensemble ({args.mode}): {args.preset}"
+      f"{f' ({args.num_layers} layers)' if args.num_layers else ''}, {args.inputs} inputs "
+      f"(+{args.prompt_length} prompt), float32")
+  bench_ensemble.run(args, _config(args), say)
 
 
 def _train_step(args, argv, reference, say) -> None:
@@ -744,7 +756,8 @@ _REFERENCE_NAMES = {
 
 # Measurements compared within our own side, not with a library: what each compares.
 _NO_REFERENCE = {"startup": "a restart with the first start",
-                 "attention": "the kernels with the einsum path"}
+                 "attention": "the kernels with the einsum path",
+                 "ensemble": "one batch of N prompts with one prompt and N runs"}
 
 
 def _check_reference(what: str, reference: str) -> None:
@@ -844,7 +857,16 @@ def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   machine = (f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, "
              f"{jax.devices()[0].platform}; {', '.join(versions)}")
   when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  block = ["", f"### `prompt-jax bench {' '.join(argv)}`", "",
+  # The environment that changes the figures (XLA flags, our CPU switches, an allocator), as a
+  # prefix that pastes back into a shell with the command.
+  from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+  shown = dict(os.environ)  # XLA_FLAGS less the defaults every prompt-jax command adds
+  shown["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                                if f not in xla_defaults.DEFAULTS)
+  env = [f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items())
+         if v and (k in ("XLA_FLAGS", "LD_PRELOAD") or k.startswith("PROMPT_JAX_"))]
+  command = shlex.join(["prompt-jax", "bench", *argv])
+  block = ["", f"### `{' '.join(env + [command])}`", "",
            f"{when}; {machine}", "", "```", *lines, "```", ""]
   with open(path, "a") as f:
     f.write("\n".join(block))

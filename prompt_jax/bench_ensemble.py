@@ -44,7 +44,7 @@ def _median_seconds(fn: Callable[[], object], steps: int) -> float:
   return statistics.median(times)
 
 
-def run(args, config) -> int:
+def run(args, config, say=print) -> int:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from prompt_jax import trees  # pylint: disable=g-import-not-at-top
@@ -110,16 +110,16 @@ def run(args, config) -> int:
   table_mb = table.table.nbytes / 2**20
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   pair = lambda s: 1000 * s / (e * n)
-  print(f"  ensemble, {e} examples x {n} prompts in one batch: {t_ens:.4f} s "
+  say(f"  ensemble, {e} examples x {n} prompts in one batch: {t_ens:.4f} s "
         f"({pair(t_ens):.3f} ms per example-prompt pair)")
-  print(f"  one prompt, the same {e * n} rows:             {t_one:.4f} s "
+  say(f"  one prompt, the same {e * n} rows:             {t_one:.4f} s "
         f"({pair(t_one):.3f} ms per row)")
-  print(f"  {n} sequential single-prompt runs of {e} examples: {t_seq:.4f} s "
+  say(f"  {n} sequential single-prompt runs of {e} examples: {t_seq:.4f} s "
         f"({pair(t_seq):.3f} ms per example-prompt pair)")
-  print(f"  ratio per pair: ensemble / one prompt {t_ens / t_one:.2f} (target <= 1.1); "
+  say(f"  ratio per pair: ensemble / one prompt {t_ens / t_one:.2f} (target <= 1.1); "
         f"ensemble / sequential {t_ens / t_seq:.2f}")
-  print(f"  mixed batch of 4 tasks' prompts, {e * n} rows: {t_mixed:.4f} s; throughput "
+  say(f"  mixed batch of 4 tasks' prompts, {e * n} rows: {t_mixed:.4f} s; throughput "
         f"mixed / single-task {t_one / t_mixed:.2f} (target >= 0.9)")
-  print(f"  memory: peak RSS {peak:.0f} MB; frozen weights {frozen_mb:.1f} MB (one copy), "
+  say(f"  memory: peak RSS {peak:.0f} MB; frozen weights {frozen_mb:.1f} MB (one copy), "
         f"prompt table {table_mb:.2f} MB")
   return 0

@@ -48,10 +48,20 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
   trainable, frozen = bench._split(args, bench._our_params(
       model, bench._batch(args, config.vocab_size)))
   dtypes = {path: x.dtype for path, x in trees.flatten(frozen).items()}
+  # Each float32 original is freed once cast: the bench's peak is the step's, not f32 + bf16.
+  params = bench._our_params(model, bench._batch(args, config.vocab_size))
+  originals = trees.flatten(params)
+  bench._split(args, params)
+  assert {p: x.is_deleted() for p, x in originals.items() if p.startswith("encoder/layers_0/")
+          } == {p: True for p in originals if p.startswith("encoder/layers_0/")}
+  assert not originals["decoder/logits_dense/kernel"].is_deleted()  # kept in float32
   assert dtypes.pop("decoder/logits_dense/kernel") == jnp.float32
   assert set(dtypes.values()) == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(trainable)} == {jnp.dtype(jnp.float32)}
-  assert {p.dtype for p in bench._hf_model(args).parameters()} == {torch.bfloat16}
+  hf = bench._hf_model(args)
+  assert {p.dtype for p in hf.parameters()} == {torch.bfloat16}
+  # T5 1.1 on the torch side too: its own output projection, not the tied (T5 1.0) embedding.
+  assert hf.lm_head.weight.data_ptr() != hf.shared.weight.data_ptr()
   assert cli.main(["bench", *argv]) == 0
   out = capsys.readouterr().out
   assert "x 8 targets, bfloat16" in out
@@ -71,6 +81,8 @@ def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch
   from prompt_jax import bench  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(bench, "CPU_FLAG_SETS", (("default", ""),
                                                ("bogus", "--xla_cpu_no_such_flag=true")))
+  # The environment that changes figures is recorded before the command (it was left out).
+  monkeypatch.setenv("PROMPT_JAX_CPU_BFLOAT16_PRODUCTS", "plain")
   record = tmp_path / "bench.md"
   record.write_text("# earlier\n")
   argv = ["bench", "train_step", "--num_layers=1", "--batch=2", "--inputs=16",
@@ -83,7 +95,10 @@ def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch
   assert re.search(r"glibc malloc +PROMPT_JAX_MALLOC=glibc: [0-9.]+ s/step", out), out
   text = record.read_text()
   assert text.startswith("# earlier\n")  # appended, nothing earlier changed
-  assert f"### `prompt-jax {' '.join(argv)}`" in text and "jax 0." in text
+  assert re.search(r"### `(XLA_FLAGS=\S+ )?PROMPT_JAX_CPU_BFLOAT16_PRODUCTS=plain "
+                   + re.escape(f"prompt-jax {' '.join(argv)}`"), text), text[:500]
+  assert "xla_cpu_enable_concurrency_optimized_scheduler" not in text  # our default: not shown
+  assert "jax 0." in text
   assert re.search(r"prompt_jax \(jit, attention einsum\): +[0-9.]+ s/step", text)
   assert "not run" in text
 
