@@ -81,7 +81,7 @@ READ_MACROS = {"inspect": ("MODEL_DIR", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_P
 # Paths (gin macros) made absolute against the working directory before anything runs, so a
 # relative MODEL_DIR writes where you are and resumes from anywhere given the same absolute path.
 PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOINT_PATH",
-               "DATA_DIR")
+               "DATA_DIR", "DPT_PROMPT_FILE", "IPT_TABLE_FILE", "EMBEDDING_FILE", "MPT_SOURCE")
 EXIT_CONFIG_ERROR = 2
 EXIT_FAILURE = 1  # a run that cannot go on, or an unexpected error
 EXIT_PREEMPTED = 128 + 15  # what a shell reports for a process ended by SIGTERM

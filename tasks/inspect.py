@@ -129,6 +129,18 @@ def _show_tokens(args: argparse.Namespace) -> int:
     own = ", ".join(sorted({type(v).__name__ for v in vocabs.values()}))
     print(f"prompt-jax tasks: note: --spm_path is not used; {args.name} has its own vocabulary "
           f"({own})", file=sys.stderr)
+  for vocab in vocabs.values():  # loaded now: inside tf.data a failure reads "in user code:"
+    if _is_default(vocab):
+      try:
+        vocab.vocabulary.vocab_size  # pylint: disable=pointless-statement
+      except FileNotFoundError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except  # gs:// unreachable (tf OpError),
+        # not a SentencePiece model (protobuf DecodeError), ...: one line either way.
+        reason = getattr(e, "message", None) or str(e) or type(e).__name__
+        raise FileNotFoundError(
+            f"cannot load T5's SentencePiece model ({reason.splitlines()[0]}); pass "
+            f"--spm_path=/path/to/sentencepiece.model (or set ${vocab_lib.SPM_PATH_ENV})") from e
   for i, ex in enumerate(token_examples(args.name, args.split, args.num_examples)):
     print(f"--- example {i}")
     for key, vocab in vocabs.items():

@@ -136,8 +136,8 @@ def array_init(value, what: str = "prompt array") -> PromptInit:
   return init
 
 
-def load_prompt_file(path: str) -> np.ndarray:
-  return npy.load(path, f"PROMPT_FILE {path!r}", npy.EXPORT_HINT)
+def load_prompt_file(path: str, macro: str = "PROMPT_FILE") -> np.ndarray:
+  return npy.load(path, f"{macro} {path!r}", npy.EXPORT_HINT)
 
 
 def file_init(path: str) -> PromptInit:

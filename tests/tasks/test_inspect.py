@@ -37,6 +37,22 @@ def test_shows_tokens(shared_data, spm_path, capsys):
   assert "targets decoded: <extra_id_0> contradiction" in capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.parametrize("model", ["missing", "not_sentencepiece"])
+def test_tokens_with_an_unusable_spm_model_is_one_line(shared_data, tmp_path, capsys, model):
+  """It was exit 1 with TensorFlow's "in user code:" (the model loaded inside tf.data)."""
+  root = shared_data("super_glue").parent
+  path = tmp_path / "spiece.model"
+  if model == "not_sentencepiece":
+    path.write_text("garbage\n")
+  assert inspect.main(["super_glue_rte_v102", "-n", "1", "--data_dir", str(root), "--tokens",
+                       "--spm_path", str(path)]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1, err
+  assert (f"SentencePiece model '{path}' does not exist" if model == "missing"
+          else "cannot load T5's SentencePiece model (Error parsing message") in err, err
+  assert err.startswith("prompt-jax tasks: error: ") and "user code" not in err
+
+
 def test_unknown_task_is_a_one_line_error(capsys):
   assert inspect.main(["super_glue_rte"]) == 2
   err = capsys.readouterr().err.strip()

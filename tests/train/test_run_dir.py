@@ -3,6 +3,7 @@ described from MODEL_DIR alone, overrides that contradict the checkpoint, export
 import contextlib
 import io
 import os
+import re
 
 import numpy as np
 import pytest
@@ -45,6 +46,30 @@ def test_relative_model_dir_trains_and_resumes_from_another_directory(tmp_path, 
   assert f"restored step 2 from {model_dir}/checkpoints" in out
   assert os.path.isdir(model_dir / "checkpoints" / "4" / "state")
   assert not np.array_equal(common.prompt_at(str(model_dir), 2), common.prompt_at(str(model_dir), 4))
+  assert os.listdir(second) == []
+
+
+def test_a_methods_relative_file_is_recorded_absolute_and_eval_reads_it_elsewhere(
+    tmp_path, monkeypatch):
+  """DPT_PROMPT_FILE (like IPT_TABLE_FILE, EMBEDDING_FILE, MPT_SOURCE) given relative: config.gin
+  records it absolute, so eval given only MODEL_DIR from another directory reads the same file
+  (it failed there; an encoder IPT table of the same name elsewhere was silently used)."""
+  first, second = tmp_path / "a", tmp_path / "b"
+  first.mkdir()
+  second.mkdir()
+  np.save(first / "p.npy", np.random.RandomState(0).randn(8, 64).astype(np.float32))
+  monkeypatch.chdir(first)
+  model_dir = str(tmp_path / "run")
+  code, _, err = run_cli(["train"] + common.flags(
+      model_dir, 1, "--gin_file=prompts/dpt.gin", "--gin.DPT_RANK=4", "--gin.PROMPT_LENGTH=8",
+      "--gin.DPT_INIT='svd'", "--gin.DPT_PROMPT_FILE='p.npy'"))
+  assert code == 0, err
+  with open(os.path.join(model_dir, "config.gin")) as f:
+    recorded = re.sub(r"\\\n\s*", "", f.read())  # gin wraps a long value onto the next line
+  assert f"DPT_PROMPT_FILE = '{first / 'p.npy'}'" in recorded
+  monkeypatch.chdir(second)
+  code, out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'"])
+  assert code == 0, err
   assert os.listdir(second) == []
 
 

@@ -45,7 +45,7 @@ class DPTSpec(base.MethodSpec):
               initializers.symmetric_uniform_init(self.scale))
     if backbone.shapes_only:  # 'svd': values do not matter for shapes
       return initializers.uniform_init(), initializers.uniform_init()
-    prompt = initializers.load_prompt_file(self.prompt_file)
+    prompt = initializers.load_prompt_file(self.prompt_file, "DPT_PROMPT_FILE")
     want = (self.length, backbone.config.emb_dim)
     if prompt.shape != want:
       raise ConfigError(f"DPT_PROMPT_FILE {self.prompt_file!r} has shape {prompt.shape}, DPT "
