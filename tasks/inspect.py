@@ -183,6 +183,10 @@ def main(argv: Sequence[str]) -> int:
                            f"default vocabulary (else ${vocab_lib.SPM_PATH_ENV}, else T5's GCS "
                            "model); tasks with their own vocabulary ignore it")
   args = parser.parse_args(list(argv))
+  if args.num_examples < 1:
+    print(f"prompt-jax tasks: error: -n/--num_examples must be >= 1, got {args.num_examples}",
+          file=sys.stderr)
+    return EXIT_CONFIG_ERROR
   if args.data_dir:
     sources.set_data_dir(args.data_dir)
   if args.spm_path:

@@ -58,6 +58,9 @@ def test_unknown_task_is_a_one_line_error(capsys):
   err = capsys.readouterr().err.strip()
   assert err.startswith("prompt-jax tasks: error: unknown task or mixture 'super_glue_rte'")
   assert "\n" not in err
+  assert inspect.main(["super_glue_rte_v102", "-n", "-1"]) == 2  # it printed every example
+  assert capsys.readouterr().err == ("prompt-jax tasks: error: -n/--num_examples must be >= 1, "
+                                     "got -1\n")
 
 
 BYTE_TASK = "inspect_test_byte_vocabulary"
