@@ -16,6 +16,7 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 import contextlib
 import dataclasses
 import logging
+import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
@@ -195,8 +196,13 @@ def backbone_paths(config: T5Config) -> set:
 
 
 def check_batch(batch_size: int, mesh: Mesh) -> None:
+  """One ConfigError unless BATCH_SIZE is a positive integer the mesh and processes divide."""
+  if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+    raise ConfigError(f"BATCH_SIZE must be an integer, got {batch_size!r}")
+  if batch_size < 1:
+    raise ConfigError(f"BATCH_SIZE must be >= 1, got {batch_size}")
   data_parallel = mesh.shape["data"]
-  if batch_size < 1 or batch_size % data_parallel:
+  if batch_size % data_parallel:
     raise ConfigError(
         f"BATCH_SIZE={batch_size} is not divisible by the data-parallel size {data_parallel} "
         f"({jax.device_count()} devices / {mesh.shape['model']} model partitions)")

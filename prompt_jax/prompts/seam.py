@@ -15,6 +15,7 @@ Placements here: prefix (default), after_bos, suffix (after the last real token,
 `Prompt` joins the two into the module the encoder calls (`T5(config, prompt=...)`).
 """
 import functools
+import numbers
 from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -143,6 +144,8 @@ def check_prompt_length(prompt_length: int, inputs_length: int,
   prompt-tuning recipes) that sum must fit. Methods that read their prompt off the first P input
   tokens (IPT) need P <= inputs_length.
   """
+  if isinstance(prompt_length, bool) or not isinstance(prompt_length, numbers.Integral):
+    raise ValueError(f"prompt length must be an integer, got {prompt_length!r}")
   if prompt_length < 0:
     raise ValueError(f"prompt length must be >= 0, got {prompt_length}")
   if reads_input_tokens and prompt_length > inputs_length:

@@ -95,6 +95,21 @@ def check_feature_lengths(cfg: DatasetConfig) -> None:
                       f"lengths, e.g. {{'inputs': 512, 'targets': 8}}; got {lengths!r}")
 
 
+def check_config(cfg: DatasetConfig) -> None:
+  """One ConfigError for a value of the wrong type (before any data is read)."""
+  check_feature_lengths(cfg)
+  if cfg.seed is not None and (isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int)):
+    raise ConfigError(f"RANDOM_SEED must be an integer or None, got {cfg.seed!r}")
+
+
+def checked_task(cfg: DatasetConfig):
+  """The task of `cfg` after checking its values and split (reads no data)."""
+  check_config(cfg)
+  task = get_task(cfg.mixture_or_task_name, cfg.module)
+  check_split(task, cfg.split)
+  return task
+
+
 @contextlib.contextmanager
 def user_data_errors():
   """A missing or malformed data file (or vocabulary) while building a pipeline is the user's to
@@ -139,9 +154,7 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
   if cfg.batch_size % num_shards:
     raise ConfigError(f"BATCH_SIZE={cfg.batch_size} is not divisible by the "
                       f"{num_shards} processes")
-  check_feature_lengths(cfg)
-  task = get_task(cfg.mixture_or_task_name, cfg.module)
-  check_split(task, cfg.split)
+  task = checked_task(cfg)
   with user_data_errors():
     ds = task.get_dataset(
         sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
@@ -235,9 +248,7 @@ def shard_dataset(cfg: DatasetConfig, shard: int, num_shards: int, skip: int = 0
   """Data shard `shard` of `num_shards`: repeated, shuffled by `cfg.seed`, converted, sorted by
   length within windows of `group_batches` batches (`group_by_length`; 0: not), and batched by
   `batch_size // num_shards`, after `skip` batches."""
-  check_feature_lengths(cfg)
-  task = get_task(cfg.mixture_or_task_name, cfg.module)
-  check_split(task, cfg.split)
+  task = checked_task(cfg)
   kwargs = {}
   if "try_in_mem_cache" in inspect.signature(task.get_dataset).parameters:
     # seqio caches small splits in memory; a checkpointed iterator would then carry the whole

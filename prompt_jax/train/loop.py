@@ -151,11 +151,11 @@ def train(*, model_dir: str = gin.REQUIRED,
   optimizer = optimizer or optimizers.adafactor()
   _check_run_values(model_dir, total_steps, checkpoint_period=checkpoint_period,
                     stats_period=stats_period, keep_checkpoints=keep_checkpoints,
-                    eval_period=eval_period)
+                    eval_period=eval_period, random_seed=random_seed)
+  losses.check_normalizing_factor(loss_normalizing_factor)
   mesh = partitioning.create_mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
-  task = data_lib.get_task(train_dataset_cfg.mixture_or_task_name, train_dataset_cfg.module)
-  data_lib.check_split(task, train_dataset_cfg.split)
+  task = data_lib.checked_task(train_dataset_cfg)
   if model.prompt is not None:
     model.prompt.check_features(set(task.output_features))  # e.g. a multi-task prompt's index
   vocabulary = task.output_features["targets"].vocabulary
@@ -164,6 +164,13 @@ def train(*, model_dir: str = gin.REQUIRED,
     raise ConfigError(f"TRAIN_STEPS={total_steps} is below the step {found[0]} restored from "
                       f"{checkpointing.checkpoints_dir(model_dir)}; raise TRAIN_STEPS or use a "
                       f"new MODEL_DIR")
+  # The evaluation datasets this run will read (a finished run evaluates once), checked before
+  # anything is written.
+  if eval_period or eval_before_training or (found and found[0] == total_steps):
+    for cfg in (train_eval_dataset_cfg, infer_eval_dataset_cfg if infer_fn else None):
+      if cfg is not None:
+        run_setup.check_batch(cfg.batch_size, mesh)
+        data_lib.checked_task(cfg)
   data_sharding = partitioning.data_sharding(mesh)
   # Built before the backbone so that data errors (a malformed file) come first.
   stream = data_lib.TrainStream(
@@ -323,10 +330,12 @@ def train(*, model_dir: str = gin.REQUIRED,
 
 def _check_run_values(model_dir: Any, total_steps: Any, *, checkpoint_period: Any = 1,
                       stats_period: Any = 1, keep_checkpoints: Any = None,
-                      eval_period: Any = 0) -> None:
+                      eval_period: Any = 0, random_seed: Any = 0) -> None:
   """Values checked before any compilation, data loading or writing."""
   if not isinstance(model_dir, str) or not model_dir:
     raise ConfigError(f"MODEL_DIR must be a directory path string, got {model_dir!r}")
+  if isinstance(random_seed, bool) or not isinstance(random_seed, int):
+    raise ConfigError(f"RANDOM_SEED must be an integer, got {random_seed!r}")
   _check_count("TRAIN_STEPS", total_steps, 1)
   _check_count("CHECKPOINT_PERIOD", checkpoint_period, 1)
   _check_count("prompt_jax.train.stats_period", stats_period, 1)

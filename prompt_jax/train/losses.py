@@ -1,12 +1,17 @@
 """Cross entropy with z-loss and t5x's loss normalisation."""
 import functools
-from typing import Optional, Tuple, Union
+import math
+import numbers
+from typing import Any, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 
+from prompt_jax.errors import ConfigError
+
 Array = jax.Array
 NUM_REAL_TARGET_TOKENS = "NUM_REAL_TARGET_TOKENS"
+T5X_ONLY_FACTORS = ("NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE")
 
 
 def cross_entropy_with_z_loss(logits: Array, targets: Array,
@@ -54,6 +59,20 @@ def _cross_entropy_bwd(z_loss: float, residuals, cotangents):
 
 
 _cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
+def check_normalizing_factor(factor: Any) -> None:
+  """One ConfigError unless `factor` is one `normalizing_factor` reads: None, a positive number
+  or 'NUM_REAL_TARGET_TOKENS' (t5x's other names are not implemented here)."""
+  if factor is None or (isinstance(factor, str) and factor == NUM_REAL_TARGET_TOKENS):
+    return
+  if (isinstance(factor, numbers.Real) and not isinstance(factor, bool)
+      and math.isfinite(factor) and factor > 0):
+    return
+  unsupported = (" (t5x's NUM_TOTAL_TARGET_TOKENS and AVERAGE_PER_SEQUENCE are not supported)"
+                 if factor in T5X_ONLY_FACTORS else "")
+  raise ConfigError(f"LOSS_NORMALIZING_FACTOR must be {NUM_REAL_TARGET_TOKENS!r}, a positive "
+                    f"number or None (the sum over tokens), got {factor!r}{unsupported}")
 
 
 def normalizing_factor(weights: Array,

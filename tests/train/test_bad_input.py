@@ -201,6 +201,22 @@ CASES = [
          "mine.gin"),
     Case("wrong_value_type", lambda c: train(c, "--gin.TRAIN_STEPS='five'"),
          "TRAIN_STEPS must be an integer, got 'five'"),
+    *(Case(f"{macro.lower()}_not_an_integer", lambda c, macro=macro: train(
+        c, f"--gin.{macro}='abc'"), f"{macro} must be an integer, got 'abc'", model_dir="fresh")
+      for macro in ("PROMPT_LENGTH", "BATCH_SIZE", "RANDOM_SEED")),  # were a bare TypeError
+    Case("batch_size_zero", lambda c: train(c, "--gin.BATCH_SIZE=0"),
+         "BATCH_SIZE must be >= 1, got 0", model_dir="fresh"),  # was "not divisible by ... 1"
+    Case("eval_batch_size_not_an_integer", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin.BATCH_SIZE='abc'"],
+         "BATCH_SIZE must be an integer, got 'abc'"),
+    Case("infer_random_seed_not_an_integer", lambda c: [
+        "infer", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin.RANDOM_SEED='abc'"],
+         "RANDOM_SEED must be an integer or None, got 'abc'"),
+    *(Case(f"loss_normalizing_factor_{name}", lambda c, value=value: train(
+        c, f"--gin.LOSS_NORMALIZING_FACTOR={value}"),
+           f"LOSS_NORMALIZING_FACTOR must be 'NUM_REAL_TARGET_TOKENS', a positive number or None "
+           f"(the sum over tokens), got {value}", model_dir="fresh")
+      for name, value in (("unknown", "'bogus'"), ("zero", "0"))),  # were written, then failed
     Case("keep_no_checkpoints", lambda c: train(c, "--gin.KEEP_CHECKPOINTS=0"),
          "KEEP_CHECKPOINTS must be >= 1 or None (keep them all), got 0"),
     Case("checkpoint_period_zero", lambda c: train(c, "--gin.CHECKPOINT_PERIOD=0"),
@@ -213,6 +229,11 @@ CASES = [
          "did you mean embedded_last_letter"),
     Case("unknown_split", lambda c: train(c, "--gin.train/prompt_jax.DatasetConfig.split='dev'"),
          "has no split 'dev'"),
+    *(Case(f"unknown_{what}_split", lambda c, flags=flags: train(
+        c, "--gin.EVAL_SPLIT='dev'", *flags), "has no split 'dev'", model_dir="fresh")
+      for what, flags in (("eval", ["--gin.EVAL_PERIOD=1"]),  # were found after writing
+                          ("eval_before_training",
+                           ["--gin.prompt_jax.train.eval_before_training=True"]))),
     Case("feature_lengths_missing_a_key",
          lambda c: train(c, "--gin.TASK_FEATURE_LENGTHS={'inputs': 16}"),
          "TASK_FEATURE_LENGTHS"),

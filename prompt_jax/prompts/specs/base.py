@@ -37,6 +37,7 @@ and optionally `layer_hook` / `decoder_layer_hook`.
 """
 import dataclasses
 import functools
+import numbers
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import numpy as np
@@ -87,7 +88,13 @@ def resolve_init(init_spec, backbone: Backbone,
   return init_spec(embedding=backbone.embedding, vocabulary=backbone.vocabulary)
 
 
+def check_integer(value: Any, what: str = "PROMPT_LENGTH") -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise ConfigError(f"{what} must be an integer, got {value!r}")
+
+
 def check_length(length: int, minimum: int = 1, what: str = "PROMPT_LENGTH") -> None:
+  check_integer(length, what)
   if length < minimum:
     raise ConfigError(f"{what} must be >= {minimum}, got {length}")
 
@@ -177,6 +184,7 @@ class MethodSpec:
 
   def check_fits(self, inputs_length: int, max_encoder_length: Optional[int] = None) -> None:
     """One ConfigError if the prompt does not fit the task's `inputs` feature length."""
+    check_integer(self.length)  # (before any property computes with it)
     try:
       if self.reads_input_tokens:
         seam.check_prompt_length(self.required_inputs_length, inputs_length,
