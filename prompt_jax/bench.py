@@ -847,6 +847,11 @@ def _eval(args, argv, reference, say) -> None:
       f"{ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f}")
 
 
+# Environment variables that change what a bench measures (not, e.g., PROMPT_JAX_SPM_PATH).
+_RECORDED_ENV = ("XLA_FLAGS", "LD_PRELOAD", "PROMPT_JAX_MALLOC", "PROMPT_JAX_MALLOC_CONF",
+                 "PROMPT_JAX_CPU_BFLOAT16_PRODUCTS", "PROMPT_JAX_COMPILATION_CACHE")
+
+
 def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   """Appends the run to a markdown file: command line, machine, versions, then the output."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -863,8 +868,7 @@ def _record(path: str, argv: Sequence[str], lines: Sequence[str]) -> None:
   shown = dict(os.environ)  # XLA_FLAGS less the defaults every prompt-jax command adds
   shown["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                                 if f not in xla_defaults.DEFAULTS)
-  env = [f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items())
-         if v and (k in ("XLA_FLAGS", "LD_PRELOAD") or k.startswith("PROMPT_JAX_"))]
+  env = [f"{k}={shlex.quote(shown[k])}" for k in _RECORDED_ENV if shown.get(k)]
   command = shlex.join(["prompt-jax", "bench", *argv])
   block = ["", f"### `{' '.join(env + [command])}`", "",
            f"{when}; {machine}", "", "```", *lines, "```", ""]
