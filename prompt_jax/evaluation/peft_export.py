@@ -34,6 +34,7 @@ import numpy as np
 
 from prompt_jax import errors
 from prompt_jax import run_setup
+from prompt_jax.checkpoints import hf
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import export as export_lib
 from prompt_jax.evaluation import run as run_lib
@@ -143,7 +144,7 @@ def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optiona
       raise ConfigError(f"--output {out_dir} is a file: --format=peft writes a directory")
     # PEFT's AutoPeftModel loads base_model_name_or_path with transformers: an HF directory
     # only (a t5x or orbax backbone is named nowhere; pass the HF model to PeftModel yourself).
-    hf_dir = base_model and os.path.isfile(os.path.join(base_model, "config.json"))
-    write_adapter(prompt, out_dir, model.config, base_model if hf_dir else None)
+    named = base_model if base_model and hf.is_hf_dir(base_model) else None
+    write_adapter(prompt, out_dir, model.config, named)
   return [f"PEFT prompt-tuning adapter ({prompt.shape[0]} virtual tokens x {prompt.shape[1]}, "
           f"{model.prompt.name} of checkpoint step {run.step}) to {out_dir}"]
