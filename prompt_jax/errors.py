@@ -8,7 +8,9 @@ Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command r
   "finished").
 """
 import argparse
+import numbers
 import os
+from typing import Any, Optional
 
 
 class ConfigError(ValueError):
@@ -26,6 +28,18 @@ class Preempted(Exception):
   def __init__(self, message: str, step: int):
     super().__init__(message)
     self.step = step
+
+
+def check_integer(value: Any, what: str, least: Optional[int] = None, more: str = "",
+                  none_ok: bool = False) -> None:
+  """One ConfigError unless `value` is an integer (numpy's too; not a bool) >= `least`;
+  `more` follows the bound in the message (" (0: no evaluation)"), `none_ok` lets None pass."""
+  if none_ok and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise ConfigError(f"{what} must be an integer{' or None' if none_ok else ''}, got {value!r}")
+  if least is not None and value < least:
+    raise ConfigError(f"{what} must be >= {least}{more}, got {value}")
 
 
 class OneLineParser(argparse.ArgumentParser):

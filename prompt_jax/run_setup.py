@@ -16,7 +16,6 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 import contextlib
 import dataclasses
 import logging
-import numbers
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax.linen as nn
@@ -31,7 +30,7 @@ from prompt_jax import checkpoints
 from prompt_jax import partitioning
 from prompt_jax import trees
 from prompt_jax import vocab as vocab_lib
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, check_integer
 from prompt_jax.models import T5, T5Config, float32_params, get_config
 from prompt_jax.models import layers
 from prompt_jax.models import random_init
@@ -197,10 +196,7 @@ def backbone_paths(config: T5Config) -> set:
 
 def check_batch(batch_size: int, mesh: Mesh) -> None:
   """One ConfigError unless BATCH_SIZE is a positive integer the mesh and processes divide."""
-  if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-    raise ConfigError(f"BATCH_SIZE must be an integer, got {batch_size!r}")
-  if batch_size < 1:
-    raise ConfigError(f"BATCH_SIZE must be >= 1, got {batch_size}")
+  check_integer(batch_size, "BATCH_SIZE", 1)
   data_parallel = mesh.shape["data"]
   if batch_size % data_parallel:
     raise ConfigError(

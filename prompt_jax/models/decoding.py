@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, check_integer
 
 Array = jax.Array
 Cache = Mapping[str, Any]
@@ -57,9 +57,7 @@ class DecodingConfig:
 
 
 def check_beam_size(beam_size: int) -> None:
-  if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-    raise ConfigError(f"beam_size must be an integer >= 1, got {beam_size!r}; set "
-                      f"prompt_jax.decoding_config.beam_size (e.g. 4, as T5)")
+  check_integer(beam_size, "prompt_jax.decoding_config.beam_size", 1, " (e.g. 4, as T5)")
 
 
 def brevity_penalty(alpha: float, length, dtype=jnp.float32) -> Array:

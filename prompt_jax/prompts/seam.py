@@ -15,7 +15,6 @@ Placements here: prefix (default), after_bos, suffix (after the last real token,
 `Prompt` joins the two into the module the encoder calls (`T5(config, prompt=...)`).
 """
 import functools
-import numbers
 from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from prompt_jax import partitioning
+from prompt_jax.errors import check_integer
 from prompt_jax.prompts import visibility as visibility_lib
 
 Array = jax.Array
@@ -144,10 +144,7 @@ def check_prompt_length(prompt_length: int, inputs_length: int,
   prompt-tuning recipes) that sum must fit. Methods that read their prompt off the first P input
   tokens (IPT) need P <= inputs_length.
   """
-  if isinstance(prompt_length, bool) or not isinstance(prompt_length, numbers.Integral):
-    raise ValueError(f"prompt length must be an integer, got {prompt_length!r}")
-  if prompt_length < 0:
-    raise ValueError(f"prompt length must be >= 0, got {prompt_length}")
+  check_integer(prompt_length, "prompt length", 0)
   if reads_input_tokens and prompt_length > inputs_length:
     raise ValueError(f"prompt length P={prompt_length} is larger than the inputs feature length "
                      f"{inputs_length} it is read from; use P <= {inputs_length}")

@@ -32,7 +32,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, check_integer
 from prompt_jax.prompts import multitask as multitask_prompts
 
 
@@ -98,8 +98,7 @@ def check_feature_lengths(cfg: DatasetConfig) -> None:
 def check_config(cfg: DatasetConfig) -> None:
   """One ConfigError for a value of the wrong type (before any data is read)."""
   check_feature_lengths(cfg)
-  if cfg.seed is not None and (isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int)):
-    raise ConfigError(f"RANDOM_SEED must be an integer or None, got {cfg.seed!r}")
+  check_integer(cfg.seed, "RANDOM_SEED", none_ok=True)
 
 
 def checked_task(cfg: DatasetConfig):

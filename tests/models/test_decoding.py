@@ -225,7 +225,7 @@ def test_length_penalty_changes_the_ranking_as_defined():
 def test_bad_beam_size_and_method_are_one_line_errors():
   model, params = _chain_model(CHAIN)
   for bad in (0, -2):
-    with pytest.raises(ConfigError, match=r"beam_size must be an integer >= 1, got") as e:
+    with pytest.raises(ConfigError, match=r"beam_size must be >= 1 \(e.g. 4, as T5\), got") as e:
       decoding.beam_decode(model, params, ENC, 4, beam_size=bad)
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="beam_size"):

@@ -319,7 +319,7 @@ def test_bad_beam_size_is_a_one_line_error_before_loading(trained):
                  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
                  "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
                  "--gin.prompt_jax.decoding_config.beam_size=0"], model_dir,
-                "beam_size must be an integer >= 1, got 0")
+                "decoding_config.beam_size must be >= 1 (e.g. 4, as T5), got 0")
 
 
 def test_help_lists_t5x_flags(capsys):

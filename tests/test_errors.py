@@ -1,0 +1,35 @@
+"""errors.check_integer: the one integer check behind TRAIN_STEPS, BATCH_SIZE, RANDOM_SEED,
+PROMPT_LENGTH, beam_size, ... (numpy integers count; bools, floats and strings do not)."""
+import numpy as np
+import pytest
+
+from prompt_jax.errors import ConfigError, check_integer
+
+
+@pytest.mark.parametrize("value", [0, 7, np.int32(3), np.int64(-2), np.uint8(5)])
+def test_integers_pass(value):
+  check_integer(value, "X")
+
+
+@pytest.mark.parametrize("value", [True, False, 3.0, np.float32(3), "3", None, [3]])
+def test_non_integers_are_one_line(value):
+  with pytest.raises(ConfigError) as e:
+    check_integer(value, "TRAIN_STEPS")
+  assert str(e.value) == f"TRAIN_STEPS must be an integer, got {value!r}"
+
+
+def test_bound_and_its_note():
+  check_integer(1, "CHECKPOINT_PERIOD", 1)
+  with pytest.raises(ConfigError) as e:
+    check_integer(0, "EVAL_PERIOD", 1, " (0: no evaluation)")
+  assert str(e.value) == "EVAL_PERIOD must be >= 1 (0: no evaluation), got 0"
+  with pytest.raises(ConfigError, match=r"^X must be >= 0, got -1$"):
+    check_integer(np.int64(-1), "X", 0)
+
+
+def test_none_only_where_allowed():
+  check_integer(None, "KEEP_CHECKPOINTS", 1, none_ok=True)
+  with pytest.raises(ConfigError, match=r"^RANDOM_SEED must be an integer or None, got 'a'$"):
+    check_integer("a", "RANDOM_SEED", none_ok=True)
+  with pytest.raises(ConfigError, match=r"^KEEP_CHECKPOINTS must be >= 1, got 0$"):
+    check_integer(0, "KEEP_CHECKPOINTS", 1, none_ok=True)
