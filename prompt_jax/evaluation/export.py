@@ -3,6 +3,7 @@
   prompt tuning, DPT, residual   -> prompt_step<N>.npy          [P, H]  (DPT / residual folded)
   deep prefix (P-tuning v2)      -> prefix_step<N>.npy          [2, L, P, D]  key, value stacked
                                     decoder_prefix_step<N>.npy  (PREFIX_DECODER = True)
+                                    cross_prefix_step<N>.npy    (PREFIX_CROSS = True)
   IDPG, M-IDPG, IPT              -> refused: their prompt depends on the input
 `--format=peft` writes the [P, H] prompt as a Hugging Face PEFT prompt-tuning adapter directory
 (evaluation/peft_export.py; prefix placement, input-level prompts only),

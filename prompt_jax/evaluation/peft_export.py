@@ -58,7 +58,8 @@ def check_representable(spec, config) -> None:
                       f"(evaluate or infer with its MODEL_DIR instead)")
   shapes = specs.Backbone(config)
   if (spec.input_positions == 0 or spec.layer_hook(shapes) is not None
-      or spec.decoder_layer_hook(shapes) is not None):
+      or spec.decoder_layer_hook(shapes) is not None
+      or spec.decoder_cross_hook(shapes) is not None):
     raise ConfigError(f"PEFT's prompt tuning cannot represent {spec.name}'s per-layer key/value "
                       f"prefixes (it holds input embeddings only): use --format=npy")
   if visibility.parse(spec.visibility) is not None:

@@ -12,9 +12,16 @@ The encoder has one seam for prompts and knows no prompt method by name:
     -> (x' [B, T', H], kv_prefix)` called before every encoder layer; `kv_prefix` is None or a pair
     of [B, P, heads, kv] keys/values prepended in that layer's self-attention.
 Both are called as `factory(name=...)` inside the encoder, so their parameters live under
-`encoder/prompt/...` and `encoder/layer_prompts/...`. An optional `decoder_layer_prompts` hook of
-the same form gives key/value prefixes to the decoder's self-attention (`decoder/layer_prompts/...`;
-its context has no encoder inputs).
+`encoder/prompt/...` and `encoder/layer_prompts/...`. Two optional decoder hooks of the same
+form, called before every decoder layer (their context has no encoder inputs):
+  * `decoder_layer_prompts`: key/value prefixes of the decoder's self-attention
+    (`decoder/layer_prompts/...`);
+  * `decoder_cross_prompts`: key/value prefixes of the decoder's cross-attention
+    (`encoder_decoder_attention`; `decoder/cross_layer_prompts/...`), prepended to the keys/values
+    of the encoder's output: always attended, no bias (prefix tuning's third set, Li & Liang's
+    `use_cross_prefix`). Its returned x is ignored (the hidden states are the self-attention
+    hook's to change); the cross-attention is not cached, so decoding with the KV cache takes
+    them at every step.
 
 Everything a method may read comes in an explicit context (no attribute probing, no walking up
 the module tree): `PromptContext` (the raw input: tokens, embeddings, validity, and
@@ -132,14 +139,17 @@ class DecoderLayer(nn.Module):
   """`self_bias` [batch|1, heads, L, L] and `cross_bias` [batch, 1, L, T']: the stack's masks
   (and relative-position bias) as additive attention biases, computed once per stack. When
   decoding with the cache, `self_bias` is the [1, heads, max_len, max_len] relative-position
-  bias alone; the attention takes the current step's row and masks the unfilled cache."""
+  bias alone; the attention takes the current step's row and masks the unfilled cache.
+  `kv_prefix` / `cross_kv_prefix`: key/value prefixes [batch, P, heads, kv] of the self- and the
+  cross-attention (or None)."""
   config: T5Config
 
   @nn.compact
   def __call__(self, inputs: Array, encoded: Array, self_bias: Optional[Array] = None,
                cross_bias: Optional[Array] = None, deterministic: bool = True,
                decode: bool = False, max_decode_length: Optional[int] = None,
-               kv_prefix: Optional[layers.KVPrefix] = None) -> Array:
+               kv_prefix: Optional[layers.KVPrefix] = None,
+               cross_kv_prefix: Optional[layers.KVPrefix] = None) -> Array:
     cfg = self.config
     del max_decode_length  # the stack sized `self_bias` by it
     x = layers.LayerNorm(dtype=cfg.dtype, name="pre_self_attention_layer_norm")(inputs)
@@ -148,6 +158,7 @@ class DecoderLayer(nn.Module):
     x = _dropout(cfg)(x, deterministic=deterministic) + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name="pre_cross_attention_layer_norm")(x)
     y = _attention(cfg, "encoder_decoder_attention")(y, encoded, None, cross_bias,
+                                                     kv_prefix=cross_kv_prefix,
                                                      deterministic=deterministic)
     y = _dropout(cfg)(y, deterministic=deterministic) + x
     z = layers.LayerNorm(dtype=cfg.dtype, name="pre_mlp_layer_norm")(y)
@@ -179,7 +190,8 @@ REMAT_POLICIES = {
 def _maybe_remat(cls, config: T5Config):
   if config.remat_policy in ("none", "attention"):  # 'attention': inside the attention layer
     return cls
-  # Argument numbers count `self` as 0: the flags that steer Python control flow are static.
+  # Argument numbers count `self` as 0: the flags that steer Python control flow are static
+  # (DecoderLayer: deterministic, decode, max_decode_length; the prefixes after them are arrays).
   return nn.remat(cls, static_argnums=(5, 6, 7) if cls is DecoderLayer else (4,),
                   policy=REMAT_POLICIES[config.remat_policy])
 
@@ -317,9 +329,11 @@ def _poison(x: Array, trailing: Optional[Array]) -> Array:
 
 
 class Decoder(nn.Module):
+  """Token embeddings -> layers (optional self- and cross-attention prefix hooks) -> logits."""
   config: T5Config
   shared_embedding: nn.Module
-  layer_prompts: Optional[ModuleFactory] = None
+  layer_prompts: Optional[ModuleFactory] = None  # self-attention prefixes
+  cross_prompts: Optional[ModuleFactory] = None  # cross-attention prefixes (x it returns: unused)
 
   @nn.compact
   def __call__(self, encoded: Array, decoder_input_tokens: Array,
@@ -336,12 +350,17 @@ class Decoder(nn.Module):
     y = layers.constrain(y.astype(cfg.dtype), ("batch", "length", "embed"))
     layer_cls = _maybe_remat(DecoderLayer, cfg)
     hook = self.layer_prompts(name="layer_prompts") if self.layer_prompts else None
+    cross_hook = (self.cross_prompts(name="cross_layer_prompts") if self.cross_prompts
+                  else None)
     for i in range(cfg.num_decoder_layers):
-      kv_prefix = None
+      kv_prefix, cross_kv_prefix = None, None
       if hook is not None:
         y, kv_prefix = hook(LayerContext(layer=i, x=y), deterministic=deterministic)
+      if cross_hook is not None:  # its x is ignored: only the self-attention hook changes y
+        _, cross_kv_prefix = cross_hook(LayerContext(layer=i, x=y), deterministic=deterministic)
       y = layer_cls(cfg, name=f"layers_{i}")(
-          y, encoded, self_bias, cross_bias, deterministic, decode, max_decode_length, kv_prefix)
+          y, encoded, self_bias, cross_bias, deterministic, decode, max_decode_length, kv_prefix,
+          cross_kv_prefix)
     y = layers.LayerNorm(dtype=cfg.dtype, name="decoder_norm")(y)
     y = _dropout(cfg)(y, deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -366,6 +385,7 @@ class T5(nn.Module):
   prompt: Optional[ModuleFactory] = None
   layer_prompts: Optional[ModuleFactory] = None
   decoder_layer_prompts: Optional[ModuleFactory] = None
+  decoder_cross_prompts: Optional[ModuleFactory] = None  # see the module docstring
   # How the frozen encoder's output is pooled into PromptContext.representation(): "mean" over
   # real tokens or the "first" token (IDPG's M(x)).
   representation_pooling: str = "mean"
@@ -378,7 +398,8 @@ class T5(nn.Module):
     self.encoder = Encoder(cfg, self.token_embedder, prompt=self.prompt,
                            layer_prompts=self.layer_prompts,
                            representation_pooling=self.representation_pooling)
-    self.decoder = Decoder(cfg, self.token_embedder, layer_prompts=self.decoder_layer_prompts)
+    self.decoder = Decoder(cfg, self.token_embedder, layer_prompts=self.decoder_layer_prompts,
+                           cross_prompts=self.decoder_cross_prompts)
 
   def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Optional[Array] = None,
              enable_dropout: bool = True,

@@ -1,24 +1,35 @@
 """Prefix tuning (Li & Liang 2021) / P-tuning v2: learned key/value prefixes in every layer.
 
-Used through the per-layer hook of the seam: `T5(config, layer_prompts=factory)` for the encoder
-and `T5(config, decoder_layer_prompts=factory)` for the decoder's self-attention (Li & Liang
-prefix both sides of an encoder-decoder: z = [PREFIX; x; PREFIX'; y], their Section 4.1). Layer l
-attends P extra keys/values (no relative position bias) before its own.
+Used through the per-layer hooks of the seam, one `DeepPrefix` (one set) per attention:
+  * `T5(config, layer_prompts=factory)`: the encoder's self-attention (`encoder/layer_prompts/...`);
+  * `T5(config, decoder_layer_prompts=factory)`: the decoder's self-attention
+    (`decoder/layer_prompts/...`);
+  * `T5(config, decoder_cross_prompts=factory)`: the decoder's cross-attention
+    (`decoder/cross_layer_prompts/...`), whose keys/values are otherwise the encoder's output.
+Li & Liang prefix both sides of an encoder-decoder (z = [PREFIX; x; PREFIX'; y], their Section
+4.1), and their code (XiangLi1999/PrefixTuning, seq2seq/prefixTuning.py, `use_encoder_prefix =
+use_cross_prefix = True`) gives all three attentions their own set: wte_enc/control_trans_enc
+(encoder), wte/control_trans (decoder self-attention), wte2/control_trans2 (passed as the
+'encoder_decoder' past keys/values: the cross-attention), as PEFT's T5 prefix tuning does.
+Layer l attends P extra keys/values (no relative position bias, never masked) before its own.
   * direct: key, value [L, P, D] trainable (D = heads·head_dim);
   * reparameterised (hidden=m, their Section 4.3 / P-tuning v2's `prefix_projection`):
       [key; value] = Linear(m -> 2·L·D)(tanh(Linear(H -> m)(E))),  E [P, H] trainable;
     used while training, folded (`fold`) into the direct form for export and inference;
   * instance-wise (`source`, IPT on prefix tuning): E is replaced by a per-example prompt
     [B, P, H] from a method reading the input (e.g. `ipt.IPT`), so every example gets its own
-    prefixes in every layer.
+    prefixes in every layer (encoder set only).
 Initialisation: random (`init`), or from the activations of real words (Li & Liang Section 7.2,
-their recommended one): the frozen model runs on the words' tokens and each layer's self-attention
-keys/values become the prefixes (`word_activations`); with the reparameterisation, the output
-layer is solved by least squares so that the MLP reproduces them at step 0 (the reference code
-regresses it to them by MSE).
+their recommended one): the frozen model runs on the words' tokens and each layer's keys/values
+become the prefixes (`word_activations`: the encoder's and the decoder's self-attention, and the
+decoder's cross-attention, whose keys/values project the frozen encoder's output on the words);
+with the reparameterisation, the output layer is solved by least squares so that the MLP
+reproduces them at step 0 (the reference code regresses it to them by MSE).
 
-Trainable parameters (`encoder/layer_prompts/...`, `decoder/layer_prompts/...`):
-  direct: 2·L·P·D;   reparameterised: P·H + H·m + m + 2·L·D·m + 2·L·D (no P·H with `source`).
+Trainable parameters, per set (`embedding`, `wi_kernel`, `wi_bias`, `wo_kernel`, `wo_bias`, or
+`key`, `value` in the direct form):
+  direct: 2·L·P·D;   reparameterised: P·H + H·m + m + 2·L·D·m + 2·L·D (no P·H with `source`);
+three sets in the paper's encoder-decoder setting (L = the layers of each stack).
 A prefix of length 0 is the plain model.
 """
 from typing import Callable, Optional, Tuple
@@ -143,14 +154,28 @@ def word_tokens(ids, length: int) -> np.ndarray:
   return np.asarray([ids[i % len(ids)] for i in range(length)], np.int32)
 
 
-def word_activations(config, params, tokens, decoder: bool = False) -> Tuple[Array, Array]:
-  """(key, value), each [L, P, D] float32: the frozen model's self-attention keys and values in
-  every encoder (or decoder) layer when it reads `tokens` [P] (the decoder reads them as its
-  targets, teacher forced, with the same tokens as its input)."""
+ATTENTIONS = {  # which: (stack, attention module, number-of-layers field of the config)
+    "encoder": ("encoder", "attention", "num_encoder_layers"),
+    "decoder": ("decoder", "self_attention", "num_decoder_layers"),
+    "cross": ("decoder", "encoder_decoder_attention", "num_decoder_layers"),
+}
+
+
+def word_activations(config, params, tokens, decoder: bool = False,
+                     which: Optional[str] = None) -> Tuple[Array, Array]:
+  """(key, value), each [L, P, D] float32: the frozen model's keys and values in every layer of
+  the attention `which` when it reads `tokens` [P]: 'encoder' (the encoder's self-attention),
+  'decoder' (the decoder's self-attention: the decoder reads the tokens as its targets, teacher
+  forced, with the same tokens as its input) or 'cross' (the decoder's cross-attention: the key
+  and value projections of the frozen encoder's output on the tokens). None: 'decoder' if
+  `decoder` else 'encoder'."""
+  which = which or ("decoder" if decoder else "encoder")
+  if which not in ATTENTIONS:
+    raise ValueError(f"which must be one of {sorted(ATTENTIONS)}, got {which!r}")
+  side, attention, layers_field = ATTENTIONS[which]
   tokens = jnp.asarray(tokens, jnp.int32)[None, :]  # [1, P]
   model = t5_lib.T5(config)
-  side, attention = ("decoder", "self_attention") if decoder else ("encoder", "attention")
-  num_layers = config.num_decoder_layers if decoder else config.num_encoder_layers
+  num_layers = getattr(config, layers_field)
 
   def wanted(module, method_name):  # .../layers_i/<attention>/{key,value}
     path = module.path

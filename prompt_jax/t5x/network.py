@@ -8,9 +8,10 @@ with a `cache` collection for t5x's beam search and temperature sampling) and t5
 names (`token_embedder/embedding`, `encoder/layers_0/attention/query/kernel`, ...), so a
 pretrained t5x checkpoint restores into it and t5x checkpoints of it are read back by
 `prompt-jax eval`. The prompt method's parameters live under `encoder/prompt/...`,
-`encoder/layer_prompts/...` and `decoder/layer_prompts/...`, absent from the pretrained
-checkpoint (gin/t5x/models/*.gin restores them fresh). Instance-dependent methods (IDPG, IPT)
-read `encoder_input_tokens`, which t5x passes to `__call__`, `encode` and `decode` alike.
+`encoder/layer_prompts/...`, `decoder/layer_prompts/...` and `decoder/cross_layer_prompts/...`,
+absent from the pretrained checkpoint (gin/t5x/models/*.gin restores them fresh).
+Instance-dependent methods (IDPG, IPT) read `encoder_input_tokens`, which t5x passes to
+`__call__`, `encode` and `decode` alike.
 
 gin (gin/t5x/models/prompt.gin):
   models.EncoderDecoderModel.module = @prompt_jax.t5x.prompt_network()

@@ -252,3 +252,22 @@ def test_export_never_replaces_an_existing_output(hf_run, tmp_path):
                             f"--output={precious}/sub/out"])
     assert code == 2 and err.count("\n") == 1, err
     assert "cannot create the directory" in err and "Traceback" not in err
+
+
+def test_a_cross_attention_prefix_hook_is_refused_like_a_decoder_hook():
+  """A spec whose only per-layer part is the decoder's cross-attention hook (prefix tuning's
+  third set) holds key/value prefixes PEFT's prompt tuning cannot hold: one line, as for the
+  encoder and decoder hooks."""
+
+  @dataclasses.dataclass(frozen=True)
+  class WithCrossHook(type(specs.prompt_tuning(length=4))):
+    def decoder_cross_hook(self, backbone):
+      return specs.deep_prefix(length=4, cross=True).decoder_cross_hook(backbone)
+
+  spec = WithCrossHook(length=4)
+  assert spec.layer_hook(specs.Backbone(_CONFIG)) is None
+  peft_export.check_representable(specs.prompt_tuning(length=4), _CONFIG)  # without: exports
+  with pytest.raises(ConfigError, match="PEFT's prompt tuning cannot represent .*per-layer "
+                                        "key/value prefixes") as e:
+    peft_export.check_representable(spec, _CONFIG)
+  assert "\n" not in str(e.value)

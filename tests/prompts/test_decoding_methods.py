@@ -12,7 +12,9 @@ from tests.models import test_decoding
 from tests.prompts import helpers
 from tests.prompts.test_specs import SPECS  # every method, as the spec tests build them
 
-METHODS = dict(SPECS, prompt_tuning=specs.prompt_tuning(length=4))
+METHODS = dict(SPECS, prompt_tuning=specs.prompt_tuning(length=4),
+               # all three prefix sets: the decoder's cross-attention prefixes on the beam rows
+               prefix_with_cross=specs.deep_prefix(length=2, hidden=5, cross=True))
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -25,9 +27,10 @@ def test_beam_scores_equal_the_teacher_forced_model(name):
                                                            beam_size=3, check_float64=False)
 
 
-def test_decoder_prefixes_beam_1_is_greedy():
-  """Deep prefix tuning's decoder hook: its prefixes reach all B * K decoder rows."""
-  model = run_setup.build_model(helpers.TINY, SPECS["prefix_encoder_and_decoder"])
+@pytest.mark.parametrize("name", ["prefix_encoder_and_decoder", "prefix_with_cross"])
+def test_decoder_prefixes_beam_1_is_greedy(name):
+  """Deep prefix tuning's decoder hooks: their prefixes reach all B * K decoder rows."""
+  model = run_setup.build_model(helpers.TINY, METHODS[name])
   params = helpers.perturbed(helpers.init(model), regex=r".*layer_prompts.*")
   params = test_decoding.decodable(params, eos=(0, 1.0))
   enc = helpers.batch()[0]

@@ -33,12 +33,17 @@ def test_dpt_count_is_r_times_p_plus_h_in_any_order(capsys, method_first):
 
 @pytest.mark.parametrize("method,bindings,formula", [
     ("residual", ["PROMPT_LENGTH=10"], 10 * H + (2 * H * 400 + 400 + 3 * H)),
-    # Encoder prefixes only (prefix.gin's default also prefixes the decoder: below).
+    # Encoder prefixes only (PREFIX_DECODER=False turns the cross set off too; prefix.gin's
+    # default also prefixes the decoder: below).
     ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=None", "PREFIX_DECODER=False"],
      2 * L * 10 * D),
     ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32", "PREFIX_DECODER=False"],
      10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D),
-    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],  # encoder and decoder (8 + 8 layers)
+    # prefix.gin's default: three sets, the encoder's and the decoder's self-attention and the
+    # decoder's cross-attention (8 + 8 + 8 layers; seq2seq/prefixTuning.py use_cross_prefix).
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32"],
+     3 * (10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D)),
+    ("prefix", ["PROMPT_LENGTH=10", "PREFIX_HIDDEN=32", "PREFIX_CROSS=False"],  # two sets
      2 * (10 * H + H * 32 + 32 + 2 * L * D * 32 + 2 * L * D)),
 ])
 def test_method_count_equals_its_formula(capsys, method, bindings, formula):

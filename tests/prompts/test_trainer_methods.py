@@ -15,8 +15,10 @@ from tests.train import common
 
 
 @pytest.mark.parametrize("method,expected_prefixes,extra", [
-    # prefix.gin prefixes the encoder and the decoder (Li & Liang, Section 4.1).
-    ("prefix", ("encoder/layer_prompts/", "decoder/layer_prompts/"), ()),
+    # prefix.gin prefixes the encoder and the decoder (Li & Liang, Section 4.1), the decoder's
+    # cross-attention too (their code's use_cross_prefix).
+    ("prefix", ("encoder/layer_prompts/", "decoder/layer_prompts/",
+                "decoder/cross_layer_prompts/"), ()),
     # DPT's r = 10 exceeds min(P, H) for a 4-token prompt (a ConfigError): r = 2.
     ("dpt", ("encoder/prompt/prompt/a", "encoder/prompt/prompt/b"), ("--gin.DPT_RANK=2",)),
 ])

@@ -14,7 +14,8 @@ spec is all the rest of the code needs to know about a method:
   spec.num_trainable_params(config)   its parameter-count formula (= what `describe` counts)
   spec.model_kwargs(backbone)   the keyword arguments of `T5(config, **kwargs)`: the input-level
                                 `prompt`, the encoder hook `layer_prompts`, the decoder hook
-                                `decoder_layer_prompts`, `representation_pooling` (those it uses)
+                                `decoder_layer_prompts`, the decoder's cross-attention hook
+                                `decoder_cross_prompts`, `representation_pooling` (those it uses)
   spec.summaries(trainable_params) -> {name: scalar}   computed on device at each stats period
                                 (e.g. the DPT rank probe's rank); {} by default
   spec.input_dependent          whether the prompt is generated from each input (IDPG, IPT)
@@ -26,23 +27,23 @@ spec is all the rest of the code needs to know about a method:
   spec.check_batch(batch)       one ConfigError if a host batch lacks what the method reads
                                 (multi-task methods: `task_ids` within [0, num_tasks)); no-op
   spec.fold(params, config)     an input-independent method's trained parameters as plain arrays
-                                ('prompt' [P, H], 'prefix' / 'decoder_prefix' [2, L, P, D]):
+                                ('prompt' [P, H], 'prefix' / 'decoder_prefix' / 'cross_prefix'
+                                [2, L, P, D]):
                                 what `export`, prompt files and ensembles read
 
 `Backbone` is what a spec may read of the frozen model when it builds its modules: the T5 config
 and, once restored, the embedding table, the vocabulary and the frozen parameters (None when only
 shapes are wanted, e.g. `prompt-jax describe`).
 Subclasses implement `check(config)` (bad input -> ConfigError, config may be None), `method`,
-and optionally `layer_hook` / `decoder_layer_hook`.
+and optionally `layer_hook` / `decoder_layer_hook` / `decoder_cross_hook`.
 """
 import dataclasses
 import functools
-import numbers
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import numpy as np
 
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, check_integer
 from prompt_jax.models import T5Config
 from prompt_jax.prompts import initializers, seam, visibility
 
@@ -88,15 +89,8 @@ def resolve_init(init_spec, backbone: Backbone,
   return init_spec(embedding=backbone.embedding, vocabulary=backbone.vocabulary)
 
 
-def check_integer(value: Any, what: str = "PROMPT_LENGTH") -> None:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise ConfigError(f"{what} must be an integer, got {value!r}")
-
-
 def check_length(length: int, minimum: int = 1, what: str = "PROMPT_LENGTH") -> None:
-  check_integer(length, what)
-  if length < minimum:
-    raise ConfigError(f"{what} must be >= {minimum}, got {length}")
+  check_integer(length, what, minimum)
 
 
 def config_error(fn: Callable[[], Any]) -> Any:
@@ -184,7 +178,7 @@ class MethodSpec:
 
   def check_fits(self, inputs_length: int, max_encoder_length: Optional[int] = None) -> None:
     """One ConfigError if the prompt does not fit the task's `inputs` feature length."""
-    check_integer(self.length)  # (before any property computes with it)
+    check_integer(self.length, "PROMPT_LENGTH")  # (before any property computes with it)
     try:
       if self.reads_input_tokens:
         seam.check_prompt_length(self.required_inputs_length, inputs_length,
@@ -210,6 +204,10 @@ class MethodSpec:
   def decoder_layer_hook(self, backbone: Backbone) -> Optional[ModuleFactory]:
     return None
 
+  def decoder_cross_hook(self, backbone: Backbone) -> Optional[ModuleFactory]:
+    """The decoder's cross-attention prefix hook (`T5.decoder_cross_prompts`), or None."""
+    return None
+
   # ----- built from the above -----
 
   def prompt_factory(self, backbone: Backbone) -> Optional[ModuleFactory]:
@@ -226,6 +224,7 @@ class MethodSpec:
     out = {"prompt": self.prompt_factory(backbone),
            "layer_prompts": self.layer_hook(backbone),
            "decoder_layer_prompts": self.decoder_layer_hook(backbone),
+           "decoder_cross_prompts": self.decoder_cross_hook(backbone),
            "representation_pooling": self.representation_pooling}
     return {k: v for k, v in out.items() if v is not None}
 

@@ -1,6 +1,10 @@
 """Prefix tuning (Li & Liang 2021) / P-tuning v2, and prefix tuning + IPT.
 
-gin: `prompt_jax.deep_prefix` (gin/prompts/prefix.gin, prefix_ipt.gin).
+gin: `prompt_jax.deep_prefix` (gin/prompts/prefix.gin, prefix_ipt.gin). Up to three prefix sets
+(prompts/prefix.py): the encoder's self-attention (always), the decoder's self-attention
+(`decoder`) and the decoder's cross-attention (`cross`, which needs `decoder`: the paper's
+encoder-decoder setting has both, and cross-attention prefixes without the decoder's own are no
+setting of the paper or of P-tuning v2, so asking for them alone is a ConfigError).
 """
 import dataclasses
 from typing import Optional
@@ -22,6 +26,9 @@ class DeepPrefixSpec(base.MethodSpec):
   decoder: bool = True  # also prefixes in the decoder's self-attention
   init_words: Optional[str] = None  # initialise from these words' activations (else random)
   source: Optional[base.MethodSpec] = None  # an IPT spec: per-example prefixes (encoder)
+  # also prefixes in the decoder's cross-attention (needs `decoder`); False by default, so the
+  # recorded config.gin of a run trained before it existed builds the same model
+  cross: bool = False
 
   @property
   def trainable_regex(self) -> str:
@@ -32,6 +39,8 @@ class DeepPrefixSpec(base.MethodSpec):
       parts.append(self.input_prompt.trainable_regex)
     if self.decoder:
       parts.append(r"decoder/layer_prompts/.*")
+    if self.cross:
+      parts.append(r"decoder/cross_layer_prompts/.*")
     return "|".join(f"(?:{p})" for p in parts)
 
   @property
@@ -58,6 +67,9 @@ class DeepPrefixSpec(base.MethodSpec):
 
   def check(self, config):
     base.check_length(self.length, minimum=0)
+    if self.cross and not self.decoder:
+      raise ConfigError("cross-attention prefixes (PREFIX_CROSS=True) come with the decoder's "
+                        "self-attention prefixes: set PREFIX_DECODER=True or PREFIX_CROSS=False")
     if self.hidden is not None and self.hidden <= 0:
       raise ConfigError(f"prefix reparameterisation hidden size must be > 0, got {self.hidden}")
     if self.source is not None:
@@ -81,8 +93,9 @@ class DeepPrefixSpec(base.MethodSpec):
       return None
     return self.input_prompt.prompt_factory(backbone)
 
-  def _words(self, backbone, decoder: bool):
-    """() -> (key, value) [L, P, D]: the words' activations, or None (random init)."""
+  def _words(self, backbone, which: str):
+    """() -> (key, value) [L, P, D]: the words' activations in the attention `which`
+    ('encoder' / 'decoder' / 'cross', `prefix.word_activations`), or None (random init)."""
     if not self.init_words or backbone.shapes_only or self.length == 0:
       return None
     if backbone.vocabulary is None or backbone.params is None:
@@ -92,40 +105,48 @@ class DeepPrefixSpec(base.MethodSpec):
     params = backbone.params
     params = trees.unflatten(params) if "token_embedder/embedding" in params else params
     kv = tuple(partitioning.to_host(a)  # whole, where a model axis spans processes
-               for a in prefix.word_activations(backbone.config, params, tokens, decoder=decoder))
+               for a in prefix.word_activations(backbone.config, params, tokens, which=which))
     return lambda: kv
 
-  def _hook(self, backbone, num_layers: int, decoder: bool):
+  def _hook(self, backbone, num_layers: int, which: str):
     config = backbone.config
     source = None
-    if self.source is not None and not decoder:
+    if self.source is not None and which == "encoder":  # the decoder's hooks see no input
       source = self.source.method(backbone)
     return base.partial(prefix.DeepPrefix, length=self.length, num_layers=num_layers,
                         num_heads=config.num_heads, head_dim=config.head_dim,
                         emb_dim=config.emb_dim, hidden=self.hidden,
                         dropout_rate=self.dropout_rate,
-                        kv_init=None if source is not None else self._words(backbone, decoder),
+                        kv_init=None if source is not None else self._words(backbone, which),
                         source=source)
 
   def layer_hook(self, backbone):
-    return self._hook(backbone, backbone.config.num_encoder_layers, decoder=False)
+    return self._hook(backbone, backbone.config.num_encoder_layers, "encoder")
 
   def decoder_layer_hook(self, backbone):
     if not self.decoder:
       return None
-    return self._hook(backbone, backbone.config.num_decoder_layers, decoder=True)
+    return self._hook(backbone, backbone.config.num_decoder_layers, "decoder")
+
+  def decoder_cross_hook(self, backbone):
+    if not self.cross:
+      return None
+    return self._hook(backbone, backbone.config.num_decoder_layers, "cross")
 
   def fold(self, params, config):
-    """'prefix' (and 'decoder_prefix') [2, L, P, D]: key and value prefixes stacked, the
-    reparameterisation folded; plus the input-level prompt's arrays, if any."""
+    """'prefix' (and 'decoder_prefix', 'cross_prefix': the decoder's self- and
+    cross-attention) [2, L, P, D]: key and value prefixes stacked, the reparameterisation
+    folded; plus the input-level prompt's arrays, if any."""
     if self.input_dependent:
       return super().fold(params, config)
     backbone = base.Backbone(config)
     out = {}
-    for name, stack, hook in (("prefix", "encoder", self.layer_hook(backbone)),
-                              ("decoder_prefix", "decoder", self.decoder_layer_hook(backbone))):
+    for name, stack, module, hook in (
+        ("prefix", "encoder", "layer_prompts", self.layer_hook(backbone)),
+        ("decoder_prefix", "decoder", "layer_prompts", self.decoder_layer_hook(backbone)),
+        ("cross_prefix", "decoder", "cross_layer_prompts", self.decoder_cross_hook(backbone))):
       if hook is not None:
-        folded = prefix.fold(params[stack]["layer_prompts"], hook(name=None))
+        folded = prefix.fold(params[stack][module], hook(name=None))
         out[name] = np.stack([np.asarray(folded["key"]), np.asarray(folded["value"])])
     if self.input_prompt is not None:
       out.update(self.input_prompt.fold(params, config))
@@ -140,6 +161,8 @@ class DeepPrefixSpec(base.MethodSpec):
       n += self.source.num_trainable_params(config)
     if self.decoder:
       n += count(config.num_decoder_layers)
+    if self.cross:
+      n += count(config.num_decoder_layers)
     if self.input_prompt is not None:
       n += self.input_prompt.num_trainable_params(config)
     return n
@@ -148,9 +171,11 @@ class DeepPrefixSpec(base.MethodSpec):
 @gin.configurable(module="prompt_jax")
 def deep_prefix(length: int = 10, hidden: Optional[int] = None, dropout_rate: float = 0.0,
                 input_prompt=None, decoder: bool = True, init_words: Optional[str] = None,
-                source=None) -> DeepPrefixSpec:
-  """Prefix tuning / P-tuning v2: key/value prefixes in every encoder (and decoder) layer;
-  with `source` (an IPT spec) the prefixes are generated per example (prefix tuning + IPT)."""
+                source=None, cross: bool = False) -> DeepPrefixSpec:
+  """Prefix tuning / P-tuning v2: key/value prefixes in every encoder (and decoder) layer's
+  self-attention, and with `cross` (needs `decoder`) in every decoder layer's cross-attention;
+  with `source` (an IPT spec) the encoder's prefixes are generated per example (prefix tuning
+  + IPT). `cross` defaults to False: runs recorded before it existed load unchanged."""
   return DeepPrefixSpec(length=length, hidden=hidden, dropout_rate=dropout_rate,
                         input_prompt=input_prompt, decoder=decoder, init_words=init_words,
-                        source=source)
+                        source=source, cross=cross)
