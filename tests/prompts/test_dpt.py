@@ -55,15 +55,39 @@ def test_dpt_gin_alone_binds_the_papers_setting_and_adamw():
     np.testing.assert_array_equal(updates["a"], ref_updates["a"])
 
 
-@pytest.mark.parametrize("init,closure", [("normal", initializers.normal_init(0.5)),
-                                          ("uniform", initializers.symmetric_uniform_init(0.5))])
-def test_dpt_inits_are_the_named_distributions(init, closure):
-  spec = specs.dpt(length=P, rank=2, init=init)
+@pytest.mark.parametrize("init,scale,closure", [
+    ("normal", None, initializers.normal_init(0.5 / np.sqrt(3))),
+    ("uniform", None, initializers.symmetric_uniform_init(0.5)),
+    ("normal", 0.7, initializers.normal_init(0.7)),
+    ("uniform", 0.7, initializers.symmetric_uniform_init(0.7))])
+def test_dpt_inits_are_the_named_distributions(init, scale, closure):
+  spec = specs.dpt(length=P, rank=2, init=init, scale=scale)
   method = spec.method(_backbone())
   rng = jax.random.PRNGKey(3)
   # The spec hands the module exactly these closures: same key, same values.
   np.testing.assert_array_equal(method.keywords["init_a"](rng, (P, 2)), closure(rng, (P, 2)))
   np.testing.assert_array_equal(method.keywords["init_b"](rng, (2, 16)), closure(rng, (2, 16)))
+
+
+def test_dpt_gin_default_spread_is_the_reference_codes():
+  # XYaoooo/DPT draws A and B from U(-0.5, 0.5): each entry has variance 1/12, so
+  # std(A·B) = sqrt(r)/12. dpt.gin's Gaussian must have that variance (stddev 0.5 had 3x the
+  # std of A·B). Sample stddev of n draws: relative standard error 1/sqrt(2n); 6 of them allowed.
+  cli.parse_gin(["models/t5_1_1_small.gin", "runs/prompt_finetune.gin", "prompts/dpt.gin"], [],
+                [])
+  try:
+    from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+    spec = run_setup.model_spec().prompt
+  finally:
+    gin.clear_config()
+  assert (spec.init, spec.scale, spec.rank) == ("normal", None, 10)
+  rows, cols = 4000, 1024
+  keywords = spec.method(_backbone()).keywords
+  init_a, init_b = keywords["init_a"], keywords["init_b"]
+  for init, shape in ((init_a, (rows, spec.rank)), (init_b, (spec.rank, cols))):
+    sample = np.asarray(init(jax.random.PRNGKey(0), shape), np.float64)
+    n = sample.size
+    np.testing.assert_allclose(sample.std(), np.sqrt(1 / 12), rtol=6 / np.sqrt(2 * n))
 
 
 def test_dpt_svd_init_from_a_prompt_file_starts_at_that_prompt(tmp_path):

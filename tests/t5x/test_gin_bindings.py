@@ -11,8 +11,8 @@ t5x on the path and calls it, so `MODEL` (the prompted network, built by
    IPT) are refused with prompt-jax's one-line ConfigError (also by a real `t5x.train`), the
    others build.
 2. The learning rate t5x logs (its scheduler's, which `OptaxWrapper` does not apply) is the rate
-   the method's own optax optimizer applies (`prompt_optim.masked_optax`: DPT_LR, PREFIX_LR), in
-   either order of the method and run files.
+   the method's own optax optimizer applies (`prompt_optim.masked_optax`: DPT_LR, PREFIX_LR,
+   IDPG_LR, RESIDUAL_LR), in either order of the method and run files.
 """
 import glob
 import json
@@ -98,6 +98,10 @@ LR_CASES = [
     ("prefix", [DEFAULT, "t5x/prompts/prefix.gin"], ["PROMPT_LENGTH = 4"], 5e-5),
     ("prefix_ipt", [DEFAULT, "t5x/prompts/prefix_ipt.gin"], [], 5e-5),
     ("prefix_lr", [DEFAULT, "t5x/prompts/prefix.gin"], ["PREFIX_LR = 1e-3"], 1e-3),
+    ("idpg", [DEFAULT, "t5x/prompts/idpg.gin"], ["PROMPT_LENGTH = 4"], 5e-4),
+    ("idpg_multilayer", [DEFAULT, "t5x/prompts/idpg_multilayer.gin"], ["PROMPT_LENGTH = 4"],
+     5e-4),
+    ("residual", [DEFAULT, "t5x/prompts/residual.gin"], ["PROMPT_LENGTH = 4"], 0.3),
     # The method file before the run file (t5x/runs/prompt_finetune.gin's usage line's order).
     ("prefix_first", ["t5x/models/embedded_tiny_prompt.gin", "t5x/prompts/prefix.gin",
                       "t5x/runs/prompt_finetune.gin"],
@@ -185,7 +189,7 @@ def test_logged_learning_rate_is_the_applied_one(results):
           and np.allclose(r["logged"], rate, rtol=1e-6))
     if not ok:
       wrong[name] = (rate, r)
-  for method in ("uniform", "idpg", "residual"):  # t5x's Adafactor applies what t5x logs: 0.3
+  for method in ("uniform", "from_class_labels"):  # t5x's Adafactor applies what t5x logs: 0.3
     r = results[f"fits/{method}"]
     if not (r["optimizer"] == "MultiOptimizer" and np.allclose(r["logged"], 0.3, rtol=1e-6)):
       wrong[method] = (0.3, r)

@@ -4,6 +4,7 @@ gin: `prompt_jax.dpt` (gin/prompts/dpt.gin), `prompt_jax.dpt_rank_probe`
 (gin/prompts/dpt_rank_probe.gin).
 """
 import dataclasses
+import math
 from typing import Any, Optional
 
 import gin
@@ -13,6 +14,8 @@ from prompt_jax.prompts import initializers, low_rank
 from prompt_jax.prompts.specs import base
 
 INITS = ("normal", "uniform", "svd")
+# XYaoooo/DPT modeling_t5.py init_prefix_weights: A and B drawn from U(-0.5, 0.5).
+REFERENCE_HALF_WIDTH = 0.5
 
 
 def _check_rank(rank: int, length: int, config, what: str) -> None:
@@ -26,7 +29,9 @@ def _check_rank(rank: int, length: int, config, what: str) -> None:
 class DPTSpec(base.MethodSpec):
   rank: int = 10
   init: str = "normal"  # 'normal' (the paper), 'uniform' (the reference code) or 'svd'
-  scale: float = 0.5  # normal: stddev; uniform: half-width
+  # normal: stddev; uniform: half-width. None: the reference code's spread, U(-0.5, 0.5) (var 1/12),
+  # so normal's stddev is 0.5/sqrt(3) (std(A·B) = sqrt(r)/12 either way).
+  scale: Optional[float] = None
   prompt_file: Optional[str] = None  # init 'svd': the [P, H] prompt whose truncated SVD starts A, B
 
   def check(self, config):
@@ -34,15 +39,21 @@ class DPTSpec(base.MethodSpec):
     _check_rank(self.rank, self.length, config, "DPT rank r")
     if self.init not in INITS:
       raise ConfigError(f"DPT init must be one of {INITS}, got {self.init!r}")
+    if self.scale is not None and (isinstance(self.scale, bool)
+                                   or not isinstance(self.scale, (int, float)) or self.scale <= 0):
+      raise ConfigError(f"DPT_INIT_SCALE must be a number > 0 or None (the reference code's "
+                        f"spread), got {self.scale!r}")
     if self.init == "svd" and not self.prompt_file:
       raise ConfigError("DPT init 'svd' needs DPT_PROMPT_FILE (a [PROMPT_LENGTH, emb_dim] .npy)")
 
   def _inits(self, backbone):
     if self.init == "normal":
-      return initializers.normal_init(self.scale), initializers.normal_init(self.scale)
+      std = REFERENCE_HALF_WIDTH / math.sqrt(3) if self.scale is None else self.scale
+      return initializers.normal_init(std), initializers.normal_init(std)
     if self.init == "uniform":
-      return (initializers.symmetric_uniform_init(self.scale),
-              initializers.symmetric_uniform_init(self.scale))
+      half = REFERENCE_HALF_WIDTH if self.scale is None else self.scale
+      return (initializers.symmetric_uniform_init(half),
+              initializers.symmetric_uniform_init(half))
     if backbone.shapes_only:  # 'svd': values do not matter for shapes
       return initializers.uniform_init(), initializers.uniform_init()
     prompt = initializers.load_prompt_file(self.prompt_file, "DPT_PROMPT_FILE")
@@ -67,7 +78,7 @@ class DPTSpec(base.MethodSpec):
 
 
 @gin.configurable(module="prompt_jax")
-def dpt(length: int = 100, rank: int = 10, init: str = "normal", scale: float = 0.5,
+def dpt(length: int = 100, rank: int = 10, init: str = "normal", scale: Optional[float] = None,
         prompt_file: Optional[str] = None, placement="prefix") -> DPTSpec:
   """Decomposed prompt tuning: prompt = A [P, r] · B [r, H]."""
   return DPTSpec(length=length, placement=placement, rank=rank, init=init, scale=scale,

@@ -1,0 +1,42 @@
+"""The optimizer each method file binds alone (either order with the run file), against the value
+its reference code trains with: IDPG (CSerxy/IDPG scripts: fairseq Adam, betas (0.9, 0.98), eps
+1e-6, decoupled weight decay 0.1, fixed lr 5e-4) and residual prompt tuning (arazd/ResidualPrompts
+prompt_tuner.py: AdamW lr 0.3, weight decay 1e-5, eps 1e-8). One step of the bound optimizer is
+compared with optax's AdamW of those values."""
+import gin
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from prompt_jax import cli
+from prompt_jax.train import optimizers
+
+REFERENCE = {  # method file: (lr, b1, b2, eps, weight decay)
+    "prompts/idpg.gin": (5e-4, 0.9, 0.98, 1e-6, 0.1),
+    "prompts/idpg_multilayer.gin": (5e-4, 0.9, 0.98, 1e-6, 0.1),
+    "prompts/residual.gin": (0.3, 0.9, 0.999, 1e-8, 1e-5),
+}
+
+
+@pytest.mark.parametrize("method", sorted(REFERENCE))
+@pytest.mark.parametrize("method_first", [False, True])
+def test_method_file_binds_its_reference_optimizer(method, method_first):
+  files = ["runs/prompt_finetune.gin", method]
+  cli.parse_gin(["models/t5_1_1_small.gin"] + (files[::-1] if method_first else files), [], [])
+  try:
+    assert gin.query_parameter("prompt_jax.train.optimizer").selector == "prompt_jax.adamw"
+    opt = optimizers.adamw()
+  finally:
+    gin.clear_config()
+  lr, b1, b2, eps, wd = REFERENCE[method]
+  params = {"a": jnp.array([1.0, -2.0, 0.5, 3.0])}
+  grads = {"a": jnp.array([0.3, -1e-7, 2.0, 0.0])}  # eps matters for the tiny one
+  state = opt.tx.init(params)
+  ref = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+  ref_state = ref.init(params)
+  for _ in range(2):  # the second step sees the moments, b1 and b2
+    updates, state = opt.tx.update(grads, state, params)
+    ref_updates, ref_state = ref.update(grads, ref_state, params)
+    np.testing.assert_array_equal(updates["a"], ref_updates["a"])
+    params = optax.apply_updates(params, updates)
