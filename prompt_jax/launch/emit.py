@@ -197,9 +197,30 @@ def _slurm(sweep: spec_lib.Sweep, opts: Options, out_dir: str, kind: str,
   return lines
 
 
-def slurm_scripts(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[str]:
+def check_slurm_options(opts: Options) -> None:
+  """Settings sbatch would reject (or a script that could never run): one line each, before any
+  file is written."""
   if opts.process_per not in ("node", "gpu") or opts.platform not in ("gpu", "cpu"):
     raise ConfigError("--process_per must be node or gpu, --platform gpu or cpu")
+  if opts.nodes < 1:
+    raise ConfigError(f"--nodes must be >= 1 (nodes per job), got {opts.nodes}")
+  if opts.platform == "gpu" and opts.gpus_per_node < 1:
+    raise ConfigError(f"--gpus_per_node must be >= 1, got {opts.gpus_per_node} (no GPUs: "
+                      f"--platform=cpu)")
+  if opts.max_parallel < 0:
+    raise ConfigError(f"--max_parallel must be >= 0 (array tasks at once; 0: no limit), got "
+                      f"{opts.max_parallel}")
+  if opts.time and not re.fullmatch(r"\d+(-\d+)?(:\d+){0,2}|UNLIMITED|unlimited|infinite",
+                                            opts.time):
+    raise ConfigError(f"--time must be a SLURM time limit (MINUTES, HH:MM:SS or "
+                      f"DAYS-HH:MM:SS), got {opts.time!r}")
+  if opts.partition and not re.fullmatch(r"[A-Za-z0-9_.,-]+", opts.partition):
+    raise ConfigError(f"--partition must be a SLURM partition name (or a comma-separated list), "
+                      f"got {opts.partition!r}")
+
+
+def slurm_scripts(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[str]:
+  check_slurm_options(opts)
   os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
   train = _slurm(sweep, opts, out_dir, "train", [(j.name, [j.train_args()]) for j in sweep.jobs])
   groups = sweep.groups()
@@ -224,6 +245,8 @@ def emit(sweep: spec_lib.Sweep, target: str, opts: Options) -> List[str]:
   out_dir = os.path.abspath(opts.out_dir or (
       os.path.join(sweep.root, "launch") if sweep.local
       else os.path.join("sweep_runs", sweep.name, "launch")))
+  if target == "slurm":
+    check_slurm_options(opts)  # before anything is written
   os.makedirs(out_dir, exist_ok=True)
   writer = {"tpu-vm": tpu_vm_script, "slurm": slurm_scripts, "local-script": local_script}
   return writer[target](sweep, opts, out_dir)

@@ -3,12 +3,19 @@
 Metrics come from the TensorBoard event files the trainer writes under MODEL_DIR/{train,
 training_eval,inference_eval} (read with tensorboard's event loader; gs:// works where TensorFlow
 does). Names: `train/<tag>`, `training_eval/<task>/<metric>`, `inference_eval/<task>/<metric>` (as
-the trainer's "final metrics:" line). A resumed run may have written a step twice: the later
-write wins. "final" is the value at the last step, "best" the max (min for losses).
+the trainer's "final metrics:" line), and `eval/<task>/<metric>` for what the emitted eval jobs
+(`prompt-jax eval`, MODEL_DIR/eval) wrote. A resumed run may have written a step twice: the later
+write wins. "final" is the value at the last step, "best" the max (min for losses). One metric
+serves a whole table or figure (the first pattern any finished job matches); a job without it is
+left empty there, never shown with another metric.
+
+Without a status file (a sweep run from emitted scripts) a job with metrics counts as finished
+('done?') only if its train series reaches TRAIN_STEPS or checkpoints/<TRAIN_STEPS> exists; else
+it is 'incomplete' and stays out of the means.
 
 Figures follow Lester et al. (2021) Figure 3: the metric against one axis (`x`), one line per
 value of another (`lines`), a point = mean over the finished jobs there (the seeds, and any
-axis on neither; a running, failed or pending job's mid-run values are left out), error bars =
+axis on neither; a running, failed, pending or incomplete job's values are left out), error bars =
 their sample standard deviation. Each PNG has a CSV beside it holding the
 data read back from the drawn lines.
 """
@@ -24,7 +31,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
 
-SUMMARY_DIRS = ("train", "training_eval", "inference_eval")
+# (directory under MODEL_DIR, the name its metrics get): `prompt-jax eval` of a sweep's emitted
+# eval jobs writes under MODEL_DIR/eval.
+SUMMARY_DIRS = (("train", "train"), ("training_eval", "training_eval"),
+                ("inference_eval", "inference_eval"), ("eval/inference_eval", "eval"))
+INCOMPLETE = "incomplete"  # no status file, and its run did not reach TRAIN_STEPS
 DEFAULT_METRICS = ("inference_eval/*/accuracy", "inference_eval/*", "training_eval/*accuracy",
                    "train/loss")
 
@@ -52,8 +63,8 @@ class JobResult:
 
   @property
   def finished(self) -> bool:
-    """Its values are its run's last: done by the status file, or assumed so without one (a
-    remote root: 'done?'). A running, failed or pending job's values are mid-run."""
+    """Its values are its run's last: done by the status file, or without one ('done?') its run
+    reached TRAIN_STEPS. A running, failed, pending or incomplete job's values are mid-run."""
     return self.state in (runner.DONE, "done?")
 
   @property
@@ -83,12 +94,12 @@ def read_series(model_dir: str) -> Dict[str, Dict[int, float]]:
   from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
   gfile = _gfile()
   latest: Dict[Tuple[str, int], Tuple[float, float]] = {}
-  for sub in SUMMARY_DIRS:
-    base = spec_lib.join(model_dir, sub)
+  for sub, prefix in SUMMARY_DIRS:
+    base = spec_lib.join(model_dir, *sub.split("/"))
     if not gfile.isdir(base):
       continue
     for dirpath, _, files in gfile.walk(base):
-      rel = sub + dirpath[len(base):].replace(os.sep, "/").rstrip("/")
+      rel = prefix + dirpath[len(base):].replace(os.sep, "/").rstrip("/")
       for f in sorted(files):
         if "tfevents" not in f:
           continue
@@ -113,15 +124,59 @@ def read_series(model_dir: str) -> Dict[str, Dict[int, float]]:
   return series
 
 
+def train_steps(job: spec_lib.Job) -> Optional[int]:
+  """The steps the job trains: from its gin config (validated), its bindings, else the run's
+  MODEL_DIR/config.gin."""
+  if job.train_steps is not None:
+    return job.train_steps
+  for k, v in reversed(job.bindings):
+    if k == "TRAIN_STEPS":
+      try:
+        return int(v.strip())
+      except ValueError:
+        break
+  try:
+    with _gfile().GFile(spec_lib.join(job.model_dir, "config.gin")) as f:
+      m = re.search(r"^TRAIN_STEPS\s*=\s*(\d+)\s*$", f.read(), re.M)
+    return int(m.group(1)) if m else None
+  except Exception:  # pylint: disable=broad-except
+    return None  # no config.gin (or unreadable): not known to have finished
+
+
+def reached_end(job: spec_lib.Job, series: Mapping[str, Mapping[int, float]]) -> bool:
+  """Its train series reaches TRAIN_STEPS, or checkpoints/<TRAIN_STEPS> exists."""
+  steps = train_steps(job)
+  if steps is None:
+    return False
+  if any(k.startswith("train/") and v and max(v) >= steps for k, v in series.items()):
+    return True
+  try:
+    return _gfile().exists(spec_lib.join(job.model_dir, "checkpoints", str(steps)))
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
 def collect(sweep: spec_lib.Sweep) -> List[JobResult]:
   status = runner.read_status(sweep.root).get("jobs", {}) if sweep.local else {}
   results = []
   for job in sweep.jobs:
     series = read_series(job.model_dir)
     entry = status.get(job.name, {})
-    state = entry.get("state") or ("done?" if series else "pending")
+    state = entry.get("state")
+    if not state:  # no status (a sweep run from emitted scripts): judge by what it wrote
+      state = ("done?" if reached_end(job, series) else INCOMPLETE) if series else "pending"
     results.append(JobResult(job, state, entry.get("error"), series))
   return results
+
+
+def choose_metric(patterns: Sequence[str], results: Sequence["JobResult"]) -> Optional[str]:
+  """One metric for a whole table or figure: the first pattern any finished job matches (else,
+  no job finished, any job). A job without it is left empty: never another metric in its place."""
+  for pool in ([r for r in results if r.finished], results):
+    name = pick_metric(patterns, sorted({n for r in pool for n in r.series}))
+    if name:
+      return name
+  return None
 
 
 def pick_metric(patterns: Sequence[str], names: Sequence[str]) -> Optional[str]:
@@ -170,15 +225,13 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
     return _number(label) if numeric else float(index)
 
   points: Dict[str, Dict[str, List[float]]] = {}
-  metric_names = set()
+  name = choose_metric(patterns, results)
   for r in results:
     if not r.finished:  # a mid-run value would pull the mean of the finished seeds
       continue
-    name = pick_metric(patterns, list(r.series))
     got = (r.final if value_kind == "final" else r.best)(name) if name else None
-    if got is None:
+    if got is None:  # it lacks the figure's metric: no point (another metric is no substitute)
       continue
-    metric_names.add(name)
     line = _line_label(line_axes, r.job.values)
     points.setdefault(line, {}).setdefault(r.job.values[x_axis.name], []).append(got[1])
   if not points:
@@ -201,7 +254,7 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
       rows.append({"line": line, "x": label, "x_position": float(drawn_x[i]),
                    "mean": float(drawn_y[i]), "std": float(std), "n": len(points[line][label]),
                    "values": ";".join(repr(v) for v in points[line][label])})
-  metric = sorted(metric_names)[0] if len(metric_names) == 1 else " | ".join(patterns[:1])
+  metric = name
   if fig_spec.get("log_x"):
     ax.set_xscale("log")
     ax.minorticks_off()
@@ -281,8 +334,9 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
   for n in all_names:
     header += [f"final/{n}", f"best/{n}"]
   rows = []
+  chosen = choose_metric(patterns, results)
   for r in results:
-    name = pick_metric(patterns, list(r.series))
+    name = chosen if chosen in r.series else None
     final, best = (r.final(name), r.best(name)) if name else (None, None)
     row = {"job": r.job.name, **r.job.values, "seed": "" if r.job.seed is None else r.job.seed,
            "state": r.state, "step": "" if r.step is None else r.step, "metric": name or "",
@@ -308,12 +362,12 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
 
   md_path = os.path.join(out_dir, "report.md")
   with open(md_path + ".tmp", "w") as f:
-    f.write(_markdown(sweep, results, rows, patterns, figs, out_dir))
+    f.write(_markdown(sweep, results, rows, patterns, figs, out_dir, chosen))
   os.replace(md_path + ".tmp", md_path)
   return {"csv": csv_path, "md": md_path, "figures": figs, "rows": rows, "out_dir": out_dir}
 
 
-def _markdown(sweep, results, rows, patterns, figs, out_dir) -> str:
+def _markdown(sweep, results, rows, patterns, figs, out_dir, chosen=None) -> str:
   axis_names = [a.name for a in sweep.axes]
   states: Dict[str, int] = {}
   for r in results:
@@ -321,12 +375,14 @@ def _markdown(sweep, results, rows, patterns, figs, out_dir) -> str:
   lines = [f"# Sweep `{sweep.name}`", "",
            f"Spec `{sweep.path}`, root `{sweep.root}`: {len(results)} jobs ({sweep.shape()}); "
            + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + ".", "",
-           f"Metric: `{' | '.join(patterns)}` (first match per job), final value and best "
+           f"Metric: `{chosen or ' | '.join(patterns)}` (of `{' | '.join(patterns)}`, the first "
+           f"any finished job has; a job without it is left empty), final value and best "
            f"over the run's evaluations.", ""]
   unfinished = [r for r in results if not r.finished]
   if unfinished:
     lines += [f"Configurations and figures use the finished jobs only "
-              f"({len(results) - len(unfinished)}); unfinished (running, failed or pending, "
+              f"({len(results) - len(unfinished)}); unfinished (running, failed, pending or "
+              f"incomplete, "
               f"in the Jobs table): {len(unfinished)}.", ""]
   groups: Dict[str, List[Dict]] = {}
   for row, r in zip(rows, results):

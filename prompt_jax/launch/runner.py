@@ -6,9 +6,12 @@ crash never stops the others. <root>/sweep_status.json records every job's state
 running, done, failed + the error line, and the command each job last ran), rewritten
 atomically after each change. Re-running skips done jobs, resumes interrupted and preempted ones
 (the trainer restarts from MODEL_DIR/checkpoints) and leaves failed ones alone unless
---retry_failed. A done or failed job whose command changed since it ran (e.g. a larger
---gin.TRAIN_STEPS) runs again: as `t5x.train` on the same MODEL_DIR, the trainer resumes from its
-checkpoint and continues under the new command. A lock file stops two runners from sharing a root.
+--retry_failed. A done job whose command changed since it ran runs again only when the change
+is a larger --gin.TRAIN_STEPS: as `t5x.train` on the same MODEL_DIR, the trainer resumes from its
+checkpoint and continues. Any other change to a trained job (done, or failed with checkpoints) is
+refused before anything starts (the trainer would restore the old run and record its results as
+the new command's): use a new --root, or remove that MODEL_DIR. A done job whose MODEL_DIR (or its
+checkpoints) is gone runs again. A lock file stops two runners from sharing a root.
 
 Stopping the runner (Ctrl-C, SIGTERM) sends SIGTERM to its jobs, which is what makes the trainer
 save a checkpoint before it exits (143); a job that has not ended `stop_timeout` seconds later is
@@ -24,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, TextIO
+from typing import Dict, List, Optional, TextIO, Tuple
 
 from prompt_jax import console
 from prompt_jax.errors import ConfigError
@@ -115,8 +118,85 @@ def _command(job: spec_lib.Job) -> List[str]:
 
 
 def command_changed(entry: Dict, job: spec_lib.Job) -> bool:
-  """A done or failed job last ran another command (`run` runs it again: it resumes)."""
+  """A done or failed job last ran another command."""
   return entry.get("state") in (DONE, FAILED) and entry.get("command") not in (None, _command(job))
+
+
+def has_checkpoints(model_dir: str) -> bool:
+  """MODEL_DIR/checkpoints holds a step (what a resumed run restores)."""
+  try:
+    return any(name.isdigit() for name in os.listdir(os.path.join(model_dir, "checkpoints")))
+  except OSError:
+    return False
+
+
+def _flags(command: List[str]) -> Dict[str, object]:
+  """`--gin.X=v` -> {"--gin.X": v}; repeated flags (--gin_file) -> their values in order."""
+  out: Dict[str, object] = {}
+  for arg in command[1:]:
+    key, _, value = arg.partition("=")
+    if key == "--gin_file":
+      out.setdefault(key, []).append(value)
+    else:
+      out[key] = value
+  return out
+
+
+def _run_steps(model_dir: str, command_steps) -> object:
+  """The TRAIN_STEPS a run trained to: its command's flag, else its config.gin's value."""
+  if command_steps is not None:
+    return command_steps
+  try:
+    with open(os.path.join(model_dir, "config.gin")) as f:
+      m = re.search(r"^TRAIN_STEPS\s*=\s*(\S+)\s*$", f.read(), re.M)
+    return m.group(1) if m else None
+  except OSError:
+    return None
+
+
+def _int(text) -> object:
+  try:
+    return int(str(text).strip())
+  except (TypeError, ValueError):
+    return None
+
+
+def rerun_verdict(entry: Dict, job: spec_lib.Job) -> Optional[Tuple[str, str]]:
+  """What `run` does with a done or failed job that is not simply kept: None (keep it), or
+  ("run", why) to run it (again), or ("refuse", changed flags) when it would resume a trained
+  MODEL_DIR under another configuration (the trainer restores the old run's checkpoint, so the
+  old run's results would be recorded as the new command's).
+
+  A done job whose MODEL_DIR (or its checkpoints) is gone runs again from scratch. A changed
+  command resumes only when it raises --gin.TRAIN_STEPS and changes nothing else; a failed job
+  without checkpoints runs any new command (its failure belonged to the old one)."""
+  state = entry.get("state")
+  if state == DONE and not has_checkpoints(job.model_dir):
+    return ("run", "MODEL_DIR gone: running again")
+  if not command_changed(entry, job):
+    return None
+  if state == FAILED and not has_checkpoints(job.model_dir):
+    return ("run", "command changed: running it")
+  old, new = _flags(list(entry["command"])), _flags(_command(job))
+  # MODEL_DIR is the job's own directory (<root>/<name>): a moved root changes no configuration.
+  changed = [k for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k) and k != "--gin.MODEL_DIR"]
+  if not changed:
+    return None
+  steps = "--gin.TRAIN_STEPS"
+  old_steps = _int(_run_steps(job.model_dir, old.get(steps)))
+  new_steps = _int(new.get(steps, job.train_steps))
+  if changed == [steps] and None not in (old_steps, new_steps) and new_steps > old_steps:
+    return ("run", "command changed: resuming")
+
+  def show(k):
+    if k == steps:
+      return f"{k} {old_steps if old_steps is not None else '?'} -> " \
+             f"{new_steps if new_steps is not None else '?'}"
+    if k == "--gin_file" or k not in old or k not in new:
+      return k if k in old and k in new else f"{k} ({'added' if k in new else 'dropped'})"
+    return f"{k} {old[k]} -> {new[k]}"
+  return ("refuse", ", ".join(show(k) for k in changed))
 
 
 def _raise_interrupt(*unused):
@@ -180,6 +260,7 @@ class _Runner:
     self.status.update({"sweep": sweep.name, "spec": sweep.path, "root": self.root})
     entries = self.status.setdefault("jobs", {})
     self.notes: Dict[str, str] = {}  # job name -> why it starts again ("resuming", ...)
+    refused: List[Tuple[spec_lib.Job, str]] = []  # trained under another command
     for job in sweep.jobs:
       entry = entries.setdefault(job.name, {"state": PENDING, "attempts": 0})
       entry.update({"model_dir": job.model_dir, "log": log_path(self.root, job),
@@ -191,15 +272,26 @@ class _Runner:
         self.notes[job.name] = "resuming"
       elif entry["state"] == PENDING and entry.get("attempts"):
         self.notes[job.name] = "resuming"  # interrupted or preempted
-      elif command_changed(entry, job):
-        # It ran (or failed) under another command: run the new one, which resumes from the
-        # job's checkpoint (more TRAIN_STEPS continue training) as `t5x.train` would.
-        entry.update({"state": PENDING, "error": None})
-        self.notes[job.name] = "command changed: resuming"
+      else:
+        verdict = rerun_verdict(entry, job)
+        if verdict and verdict[0] == "refuse":
+          refused.append((job, verdict[1]))
+        elif verdict:
+          # Gone, or more TRAIN_STEPS: the new command (re)trains; more steps resume from the
+          # job's checkpoint as `t5x.train` would.
+          entry.update({"state": PENDING, "error": None})
+          self.notes[job.name] = verdict[1]
       if entry["state"] == FAILED and retry_failed:
         entry["state"] = PENDING
       if entry["state"] == PENDING:
         entry["command"] = command
+    if refused:  # before anything starts: nothing trained under the old command is touched
+      job, flags = refused[0]
+      more = f" (and {len(refused) - 1} more job(s))" if len(refused) > 1 else ""
+      raise ConfigError(
+          f"job {job.name}{more} is {entries[job.name]['state']} under another command "
+          f"(changed: {flags}); `sweep run` resumes a trained job only for a larger "
+          f"--gin.TRAIN_STEPS: use a new --root, or remove {job.model_dir} to train it again")
     self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
     self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
     self.durations: List[float] = []
@@ -233,8 +325,12 @@ class _Runner:
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     start = f.tell()
-    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=_ignore_sigint)
+    try:
+      proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              preexec_fn=_ignore_sigint)
+    except BaseException:
+      f.close()
+      raise
     entry.update({"state": RUNNING, "started": time.time(), "pid": proc.pid, "error": None,
                   "command": _command(job)})
     write_status(self.root, self.status)
@@ -325,6 +421,10 @@ class _Runner:
       self.interrupted = True
       self._stop_children()
       self._stopped()
+    except BaseException:  # e.g. starting the next job failed: the running ones must not be
+      self._stop_children()  # orphaned, still `running` in the status file
+      self._stopped()
+      raise
     finally:
       signal.signal(signal.SIGTERM, previous)
     c = self._counts()

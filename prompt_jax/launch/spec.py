@@ -45,6 +45,7 @@ KEYS = ("name", "root", "gin_files", "gin_search_paths", "bindings", "axes", "zi
         "eval", "report")
 SEED_MACRO = "RANDOM_SEED"
 SPEC_SUFFIXES = (".yaml", ".yml")
+MAX_NAME_BYTES = 255  # a file name's limit on common filesystems (ext4, xfs, GCS objects' parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,12 +287,49 @@ def resolve_gin_file(path: str, spec_dir: str, search_paths: Sequence[str], wher
 
 # --- parsing -----------------------------------------------------------------------------------
 
+def _unique_key_loader():
+  """yaml's SafeLoader, but a key given twice in one mapping is an error (safe_load keeps the
+  last silently: an axis or a choice would be lost without a word)."""
+  import yaml  # pylint: disable=g-import-not-at-top
+
+  class Loader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
+
+    def construct_mapping(self, node, deep=False):
+      if isinstance(node, yaml.MappingNode):
+        seen = {}
+        for key_node, _ in node.value:  # its own keys (a `<<:` merge's may be overridden)
+          if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+          key = self.construct_object(key_node, deep=True)
+          try:
+            hash(key)
+          except TypeError:
+            continue  # the base class reports an unhashable key
+          if key in seen:
+            raise _DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+          seen[key] = key_node.start_mark.line + 1
+      return super().construct_mapping(node, deep=deep)
+
+  return Loader
+
+
+class _DuplicateKey(Exception):
+
+  def __init__(self, key, first_line: int, line: int):
+    super().__init__(key)
+    self.key, self.first_line, self.line = key, first_line, line
+
+
 def load(spec: str) -> Dict[str, Any]:
   import yaml  # pylint: disable=g-import-not-at-top
   path = find_spec(spec)
   try:
     with open(path) as f:
-      data = yaml.safe_load(f)
+      data = yaml.load(f, Loader=_unique_key_loader())  # pylint: disable=no-value-for-parameter
+  except _DuplicateKey as e:
+    raise ConfigError(f"sweep spec {path}: key {e.key!r} appears twice in one mapping (lines "
+                      f"{e.first_line} and {e.line}); YAML would keep only the last: merge or "
+                      f"rename them") from e
   except yaml.YAMLError as e:
     mark = getattr(e, "problem_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -421,7 +459,14 @@ def build(spec: str, root: Optional[str] = None,
   zip_groups = []
   seen = set()
   for group in _as_list(data.get("zip"), "zip"):
-    group = tuple(str(a) for a in _as_list(group, "zip"))
+    if not isinstance(group, (list, tuple)) or len(group) < 2 or any(
+        isinstance(a, (list, tuple, dict)) for a in group):
+      flat = data.get("zip")
+      hint = (f"; for these axes to advance together write zip: [[{', '.join(map(str, flat))}]]"
+              if isinstance(flat, list) and all(isinstance(a, str) for a in flat) else "")
+      raise ConfigError(f"zip: each zip group is a list of two or more axis names, got "
+                        f"{group!r}{hint}")
+    group = tuple(str(a) for a in group)
     for a in group:
       if a not in by_name:
         raise ConfigError(f"zip: {a!r} is not an axis (axes: {', '.join(by_name) or 'none'})"
@@ -500,6 +545,12 @@ def build(spec: str, root: Optional[str] = None,
 
   dirs: Dict[str, Job] = {}
   for job in jobs:
+    # The longest file a job makes in a directory named after it: logs/<name>.log.
+    if len(job.name.encode()) + len(".log") > MAX_NAME_BYTES:
+      raise ConfigError(f"job name {job.name[:60]}... is {len(job.name.encode())} characters, "
+                        f"more than a file name may hold ({MAX_NAME_BYTES - len('.log')} at "
+                        f"most): shorten axis names or choice labels (a choice axis names its "
+                        f"values, e.g. ckpt: {{base: {{INITIAL_CHECKPOINT_PATH: ...}}}})")
     if job.model_dir in dirs:
       raise ConfigError(f"two jobs share MODEL_DIR {job.model_dir} (values "
                         f"{dirs[job.model_dir].values} and {job.values}): make the labels of "

@@ -80,8 +80,15 @@ def plan_lines(sweep: spec_lib.Sweep) -> List[str]:
   lines = [f"sweep {sweep.name}: {len(sweep.jobs)} jobs ({sweep.shape()}) under {sweep.root}"]
   for i, job in enumerate(sweep.jobs, 1):
     state = status.get(job.name, {}).get("state")
-    if state and runner.command_changed(status[job.name], job):
-      state += ", command changed: run resumes it"
+    verdict = runner.rerun_verdict(status[job.name], job) if state else None
+    if verdict and verdict[0] == "refuse":
+      state += (f", command changed ({verdict[1]}): run refuses it; use a new --root or remove "
+                f"its MODEL_DIR")
+    elif verdict:
+      state += {"command changed: resuming": ", command changed: run resumes it",
+                "MODEL_DIR gone: running again": ", MODEL_DIR gone: run runs it again",
+                "command changed: running it": ", command changed: run runs it again"
+                }.get(verdict[1], f", {verdict[1]}")
     lines.append(f"# [{i}/{len(sweep.jobs)}] {job.name}" + (f"  ({state})" if state else ""))
     lines.append("prompt-jax " + emit.command_line(job.train_args()))
   n_eval = sum(len(emit.group_eval_commands(sweep, g)) for g in sweep.groups().values())

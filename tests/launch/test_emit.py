@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 
 from prompt_jax.launch import emit
 from prompt_jax.launch import spec as spec_lib
@@ -259,3 +260,28 @@ def test_an_output_path_in_the_way_is_one_line_without_traceback(tmp_path):
   lines = [l for l in err.splitlines() if l.startswith("prompt-jax")]
   assert len(lines) == 1 and "NotADirectoryError" in lines[0], err
   assert "Traceback" not in err + out
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--nodes=0"], "--nodes must be >= 1 (nodes per job), got 0"),
+    (["--gpus_per_node=-2"], "--gpus_per_node must be >= 1, got -2"),
+    (["--max_parallel=-1"], "--max_parallel must be >= 0"),
+    (["--time=4 hours"], "--time must be a SLURM time limit"),
+    (["--partition=a100 --qos=x"], "--partition must be a SLURM partition name"),
+])
+def test_impossible_slurm_settings_are_one_line_and_write_nothing(tmp_path, flags, expected):
+  """--nodes=0 --gpus_per_node=-2 --max_parallel=-1 used to write `--array=0-7%-1` and friends."""
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  root = tmp_path / "root"
+  rc, out, err = helpers.sweep_cli(["emit", spec, f"--root={root}", "--target=slurm", *flags])
+  assert rc == 2 and len(err.strip().splitlines()) == 1 and expected in err, (out, err)
+  assert not root.exists() and "wrote" not in out
+
+
+def test_slurm_time_limits_sbatch_accepts(tmp_path):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  for time_limit in ("90", "1-00:00:00", "2-12", "30:00", "UNLIMITED"):
+    rc, _, err = helpers.sweep_cli(["emit", spec, f"--root={tmp_path / 'root'}", "--target=slurm",
+                                    f"--time={time_limit}", "--platform=cpu",
+                                    "--gpus_per_node=0"])
+    assert rc == 0, err

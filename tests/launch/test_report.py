@@ -8,6 +8,7 @@ from tests.launch import helpers
 
 SPEC = """\
 gin_files: [runs/embedded_default.gin]
+bindings: {TRAIN_STEPS: 4}
 axes:
   PROMPT_LENGTH: [4, 8]
 seeds: [0, 1]
@@ -66,3 +67,92 @@ def test_unfinished_jobs_stay_out_of_the_means(tmp_path, monkeypatch):
   with open(out["md"]) as f:
     md = f.read()
   assert "in the Jobs table): 1." in md and mid_run in md
+
+
+def _fake_runs(monkeypatch, series_of):
+  """report.read_series -> series_of(job name); no status file (the sweep ran from emitted
+  scripts)."""
+  monkeypatch.setattr(report, "read_series", lambda d: series_of(os.path.basename(d)))
+
+
+def test_without_a_status_file_a_run_short_of_train_steps_is_incomplete(tmp_path, monkeypatch):
+  """Emitted scripts write no status file: a job that crashed at step 1 of 4 has events too,
+  but its values are not a finished run's."""
+  spec = helpers.write_spec(tmp_path, SPEC)
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  crashed = sweep.jobs[0]  # PROMPT_LENGTH 4, seed 0
+  saved = sweep.jobs[2]  # PROMPT_LENGTH 4, seed 1: no train event at 4, but its last checkpoint
+  os.makedirs(os.path.join(saved.model_dir, "checkpoints", "4"))
+
+  def series_of(name):
+    if name == crashed.name:
+      return {"inference_eval/t/accuracy": {1: 0.0}, "train/loss": {1: 9.0}}
+    n = float(name.split("__")[0].split("-")[1])
+    return {"inference_eval/t/accuracy": {4: n / 10},
+            "train/loss": {3 if name == saved.name else 4: 1.0}}
+  _fake_runs(monkeypatch, series_of)
+  out = report.write(sweep)
+  states = {r["job"]: r["state"] for r in out["rows"]}
+  assert states[crashed.name] == "incomplete"
+  assert all(s == "done?" for n, s in states.items() if n != crashed.name)
+  fig = next(f for f in out["figures"] if f.metric.startswith("inference_eval"))
+  means = {r["x"]: (r["mean"], r["n"]) for r in fig.rows}
+  assert means["4"] == (0.4, 1) and means["8"] == (0.8, 2), means
+  with open(out["md"]) as f:
+    md = f.read()
+  assert "| PROMPT_LENGTH-4__seed-0 | incomplete |" in md
+  assert "| 4 | 1 | 0.4000 | 0.4000 |" in md
+
+
+def test_one_metric_per_table_and_figure(tmp_path, monkeypatch):
+  """A job without inference_eval/*/accuracy is left empty, not shown (and averaged) with its
+  train/loss in place of the others' accuracies."""
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0])
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  lacking = sweep.jobs[1]  # PROMPT_LENGTH 8, seed 0
+
+  def series_of(name):
+    n = float(name.split("__")[0].split("-")[1])
+    out = {"train/loss": {4: 100 + n}}
+    if name != lacking.name:
+      out["inference_eval/t/accuracy"] = {4: n / 10}
+    return out
+  _fake_runs(monkeypatch, series_of)
+  out = report.write(sweep)
+  rows = {r["job"]: r for r in out["rows"]}
+  assert rows[lacking.name]["metric"] == "" and rows[lacking.name]["final"] == ""
+  assert all(r["metric"] == "inference_eval/t/accuracy" for n, r in rows.items()
+             if n != lacking.name)
+  [fig] = out["figures"]
+  assert fig.metric == "inference_eval/t/accuracy"
+  means = {r["x"]: (r["mean"], r["n"]) for r in fig.rows}
+  assert means == {"4": (0.4, 2), "8": (0.8, 1)}, means
+  with open(out["md"]) as f:
+    md = f.read()
+  assert "| 8 | 1 | 0.8000 | 0.8000 |" in md
+
+
+def test_eval_jobs_results_reach_the_report(tmp_path):
+  """`prompt-jax eval` of the emitted eval jobs writes MODEL_DIR/eval/inference_eval/<task>:
+  `eval/<task>/<metric>` columns (and a metric `--metric` can name)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0]
+                            + "report: {metric: eval/*/accuracy}\n")
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+
+  def write(logdir, step, tag, value):
+    w = EventFileWriter(logdir)
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+        tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value)))])
+    w.add_event(event_pb2.Event(step=step, wall_time=1.0, summary=summary))
+    w.close()
+  for i, job in enumerate(sweep.jobs):
+    write(os.path.join(job.model_dir, "train"), 4, "train/loss", 1.0)
+    write(os.path.join(job.model_dir, "eval", "inference_eval", "t"), 4, "accuracy", 50.0 + i)
+  out = report.write(sweep)
+  assert [r["final"] for r in out["rows"]] == [50.0, 51.0, 52.0, 53.0]
+  assert all(r["metric"] == "eval/t/accuracy" and r["final/eval/t/accuracy"] != ""
+             for r in out["rows"])

@@ -6,9 +6,11 @@ import fcntl
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -18,15 +20,26 @@ from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
 from tests.launch import helpers
 
+# A finished run's final checkpoint, MODEL_DIR/checkpoints/<TRAIN_STEPS> (a done job whose
+# checkpoints are gone runs again).
+SAVE = """
+def save():
+  flag = lambda name: [a.split("=", 1)[1] for a in sys.argv if a.startswith(name + "=")][-1]
+  os.makedirs(os.path.join(flag("--gin.MODEL_DIR").strip("'"), "checkpoints",
+                           flag("--gin.TRAIN_STEPS")), exist_ok=True)
+"""
+
 # Exits 2 with the CLI's error line for the job named in $FAKE_FAIL until $FAKE_FIXED exists.
 FAKE_TRAIN = f"""#!{sys.executable}
 import os, sys
+{SAVE}
 print("noise before the error")
 if any(a.endswith("/" + os.environ["FAKE_FAIL"] + "'") for a in sys.argv) and \\
     not os.path.exists(os.environ["FAKE_FIXED"]):
   print("prompt-jax train: error: TRAIN_STEPS=4 is below the step 9 restored from ...")
   print("trailing line")
   sys.exit(2)
+save()
 print("final metrics: x=1.0000")
 """
 
@@ -122,8 +135,10 @@ def test_run_needs_a_local_root(tmp_path):
 # $FAKE_DIR/<pid>.started, then trains "forever" (or exits at once once $FAKE_DIR/quick exists).
 SLOW_TRAIN = f"""#!{sys.executable}
 import os, signal, sys, time
+{SAVE}
 d = os.environ["FAKE_DIR"]
 if os.path.exists(os.path.join(d, "quick")):
+  save()
   print("final metrics: x=1.0000")
   sys.exit(0)
 def on_term(*unused):
@@ -225,14 +240,14 @@ def test_preempted_job_is_resumed_not_failed(fake_sweep, monkeypatch):
   without --retry_failed."""
   sweep, tmp_path = fake_sweep
   preempted = sweep.jobs[2].name
-  helpers.write_executable(tmp_path / "bin", "prompt-jax", f"""
+  helpers.write_executable(tmp_path / "bin", "prompt-jax", textwrap.dedent(f"""
       #!{sys.executable}
       import os, sys
       if any(a.endswith("/{preempted}'") for a in sys.argv) and not os.path.exists("{tmp_path}/up"):
         print("preempted (SIGTERM) at step 2: saved .../checkpoints/2; run the same command")
         sys.exit(143)
       print("final metrics: x=1.0000")
-      """)
+      """) + SAVE + "save()\n")
   out = io.StringIO()
   assert runner.run(sweep, parallel=2, out=out) == 1
   entry = _status(sweep)[preempted]
@@ -264,8 +279,97 @@ def test_done_job_whose_command_changed_runs_again(fake_sweep):
   assert all("--gin.TRAIN_STEPS=8" in status[j.name]["command"] for j in longer.jobs)
   out = io.StringIO()  # the same command again: nothing to do
   assert runner.run(longer, out=out) == 0 and " start " not in out.getvalue()
-  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}",
+                                    "--gin.TRAIN_STEPS=16"])
   assert rc == 0 and out.count("(done, command changed: run resumes it)") == 8, err
+  # Fewer steps than the runs trained: not a resumption (the trainer would train nothing).
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
+  assert rc == 0 and out.count("(done, command changed (--gin.TRAIN_STEPS 8 -> 4): run refuses "
+                               "it") == 8, err
+
+
+def test_done_job_whose_configuration_changed_is_refused(fake_sweep):
+  """Another binding than TRAIN_STEPS: the trainer would restore the finished run's final step,
+  train nothing and record the old run's results under the new command. `run` refuses (exit 2)
+  before anything starts; `plan` says so; the status file and MODEL_DIRs stay as they were."""
+  sweep, tmp_path = fake_sweep
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
+  for job in sweep.jobs:
+    with open(os.path.join(job.model_dir, "config.gin"), "w") as f:
+      f.write("BATCH_SIZE = 8\nTRAIN_STEPS = 4\n")
+  with open(runner.status_path(sweep.root), "rb") as f:
+    before = f.read()
+  changed = ["--gin.BATCH_SIZE=16"]
+  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}", *changed])
+  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
+  job = sweep.jobs[0]
+  assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is done under another "
+          f"command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
+  assert "use a new --root, or remove " + job.model_dir in err
+  assert " start " not in out
+  with open(runner.status_path(sweep.root), "rb") as f:
+    assert f.read() == before
+  for job in sweep.jobs:
+    with open(os.path.join(job.model_dir, "config.gin")) as f:
+      assert f.read() == "BATCH_SIZE = 8\nTRAIN_STEPS = 4\n"
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}", *changed])
+  assert rc == 0 and out.count("(done, command changed (--gin.BATCH_SIZE 8 -> 16): run refuses "
+                               "it; use a new --root or remove its MODEL_DIR)") == 8, err
+  # A moved root changes every MODEL_DIR flag but no configuration: nothing to run.
+  shutil.copytree(sweep.root, tmp_path / "moved")
+  out = io.StringIO()
+  assert runner.run(spec_lib.build(sweep.path, root=str(tmp_path / "moved")), out=out) == 0
+  assert " start " not in out.getvalue()
+  # A new root trains the new configuration.
+  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={tmp_path}/other", *changed])
+  assert rc == 0, (out, err)
+
+
+def test_done_job_whose_model_dir_is_gone_runs_again(fake_sweep):
+  sweep, tmp_path = fake_sweep
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
+  gone = sweep.jobs[3]
+  shutil.rmtree(gone.model_dir)
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
+  assert rc == 0 and out.count("(done, MODEL_DIR gone: run runs it again)") == 1, err
+  assert f"{gone.name}  (done, MODEL_DIR gone" in out
+  out = io.StringIO()
+  assert runner.run(sweep, out=out) == 0
+  started = [l for l in out.getvalue().splitlines() if " start " in l]
+  assert len(started) == 1 and f"start {gone.name} (MODEL_DIR gone: running again)" in started[0]
+  assert runner.has_checkpoints(gone.model_dir)
+  assert _status(sweep)[gone.name]["attempts"] == 2
+
+
+def test_error_while_starting_a_job_stops_the_running_ones(slow_sweep, monkeypatch):
+  """Starting job 2 raises: job 1 must not be left training, orphaned and `running`."""
+  spec, root, tmp_path = slow_sweep
+  sweep = spec_lib.build(spec, root=root)
+  monkeypatch.setattr(runner, "POLL_SECONDS", 0.02)
+  real, started = subprocess.Popen, []
+
+  def popen(*args, **kwargs):
+    if started:
+      raise OSError(36, "File name too long")
+    started.append(real(*args, **kwargs))
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("*.started")):
+      assert time.time() < deadline
+      time.sleep(0.02)
+    return started[0]
+  monkeypatch.setattr(runner.subprocess, "Popen", popen)
+  try:
+    with pytest.raises(OSError, match="File name too long"):
+      runner.run(sweep, parallel=2, out=io.StringIO(), stop_timeout=10)
+    assert started[0].poll() == 143  # SIGTERM: it saved and stopped
+  finally:
+    if started and started[0].poll() is None:
+      started[0].kill()
+      started[0].wait()
+  entry = _status(sweep)[sweep.jobs[0].name]
+  assert entry["state"] == "pending" and entry["pid"] is None
 
 
 def test_failed_job_whose_command_changed_runs_again(fake_sweep):
@@ -278,4 +382,4 @@ def test_failed_job_whose_command_changed_runs_again(fake_sweep):
   raised = spec_lib.build(sweep.path, root=sweep.root, overrides=[("TRAIN_STEPS", "9")])
   out = io.StringIO()
   assert runner.run(raised, parallel=4, out=out) == 0
-  assert f"start {sweep.jobs[1].name} (command changed: resuming)" in out.getvalue()
+  assert f"start {sweep.jobs[1].name} (command changed: running it)" in out.getvalue()

@@ -128,6 +128,45 @@ def test_zip_axes_of_different_lengths(tmp_path):
   assert "zip: axes of different lengths (PROMPT_LENGTH has 2, DROPOUT_RATE has 1)" in line
 
 
+@pytest.mark.parametrize("zip_text", ["[PROMPT_LENGTH, DROPOUT_RATE]", "[[PROMPT_LENGTH]]",
+                                      "PROMPT_LENGTH", "[[[PROMPT_LENGTH, DROPOUT_RATE]]]"])
+def test_zip_group_that_is_not_a_list_of_axes(tmp_path, zip_text):
+  """`zip: [a, b]` (one list, not a list of groups) used to make two one-axis groups: the axes
+  were crossed (4 jobs), not zipped (2)."""
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\n  DROPOUT_RATE: [0.0, 0.1]\n"
+                f"zip: {zip_text}\n", "plan")
+  assert "zip: each zip group is a list of two or more axis names" in line
+  if zip_text.startswith("[PROMPT"):
+    assert "write zip: [[PROMPT_LENGTH, DROPOUT_RATE]]" in line
+
+
+@pytest.mark.parametrize("axes,key,lines", [
+    ("  PROMPT_LENGTH: [4, 8]\n  PROMPT_LENGTH: [16]\n", "PROMPT_LENGTH", "lines 4 and 5"),
+    ("  init:\n    uniform: {gin_file: prompts/uniform.gin}\n"
+     "    uniform: {gin_file: prompts/from_class_labels.gin}\n", "uniform", "lines 5 and 6"),
+])
+def test_duplicate_yaml_keys(tmp_path, axes, key, lines):
+  """yaml.safe_load keeps the last of two equal keys: an axis, or a choice whose label then
+  names another choice's files, would be lost without a word."""
+  line = _error(tmp_path, BASE + "axes:\n" + axes, "plan")
+  assert f"key {key!r} appears twice in one mapping ({lines})" in line
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path):
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  init:\n    a: &a {PROMPT_LENGTH: 4}\n"
+                            "    b: {<<: *a, PROMPT_LENGTH: 8}\n")
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  assert [j.bindings[-2] for j in sweep.jobs] == [("PROMPT_LENGTH", "4"), ("PROMPT_LENGTH", "8")]
+
+
+def test_job_name_too_long_for_a_file_name(tmp_path):
+  """Passed `plan`, then `run` crashed with an OSError traceback opening logs/<job>.log."""
+  line = _error(tmp_path, BASE + "axes:\n  INITIAL_CHECKPOINT_PATH: ['" + "x" * 40 + "']\n"
+                + "".join(f"  prompt_jax.train.stats_period{'_' * i}: [1]\n" for i in range(6)),
+                "plan")
+  assert "more than a file name may hold (251 at most)" in line
+
+
 def test_two_jobs_sharing_a_model_dir(tmp_path):
   # 4 and "4" are different gin values with the same label.
   line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, '4']\n", "run")
