@@ -81,18 +81,52 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
     raise ConfigError(f"MODEL_DIR {model_dir!r} cannot be a directory: {what} is a file; "
                       f"choose another MODEL_DIR or move that file away")
   try:
-    with tempfile.TemporaryFile(dir=probe_dir, prefix=".prompt_jax_write_probe") as f:
-      f.write(b"\0" * 65536)
-      f.flush()
-      os.fsync(f.fileno())
+    _probe(probe_dir)
   except OSError as e:
     raise ConfigError(f"MODEL_DIR {model_dir!r} is not writable ({probe_dir}: {e.strerror}); "
                       f"choose a writable MODEL_DIR or fix its permissions") from None
+  # A resumed run writes into what MODEL_DIR already holds: checkpoints (and their step dirs,
+  # which the manager deletes and quarantine moves), .npy exports, summaries.
+  if probe_dir == path:
+    for sub in _written_subdirs(path):
+      if not os.path.isdir(sub):
+        raise ConfigError(f"MODEL_DIR {model_dir!r} cannot be used: {sub} is not a directory; "
+                          f"move it away or choose another MODEL_DIR")
+      try:
+        _probe(sub)
+      except OSError as e:
+        raise ConfigError(f"MODEL_DIR {model_dir!r} is not writable ({sub}: {e.strerror}); "
+                          f"fix its permissions (chmod -R u+w) or choose another MODEL_DIR"
+                          ) from None
   free = shutil.disk_usage(probe_dir).free
   if free < min_free_bytes:
     raise ConfigError(f"MODEL_DIR {model_dir!r} is on a full filesystem ({free >> 20} MiB free, "
                       f"checkpoints need at least {min_free_bytes >> 20} MiB); free space or "
                       f"choose another MODEL_DIR")
+
+
+# What the run writes into below MODEL_DIR (summaries.TRAIN_DIR etc. for the summaries).
+_WRITTEN_DIRS = (CHECKPOINTS_DIR, NUMPY_DIR, CORRUPT_DIR, "train", "training_eval",
+                 "inference_eval")
+
+
+def _written_subdirs(path: str) -> List[str]:
+  """The existing paths under MODEL_DIR that a run writes into, or moves or deletes."""
+  found = [os.path.join(path, name) for name in _WRITTEN_DIRS
+           if os.path.lexists(os.path.join(path, name))]
+  ckpt = os.path.join(path, CHECKPOINTS_DIR)
+  if os.path.isdir(ckpt):
+    found += [os.path.join(ckpt, n) for n in sorted(os.listdir(ckpt))
+              if re.fullmatch(r"\d+", n) and os.path.isdir(os.path.join(ckpt, n))]
+  return found
+
+
+def _probe(directory: str) -> None:
+  """OSError unless a file can be written in `directory` (a temporary file, removed)."""
+  with tempfile.TemporaryFile(dir=directory, prefix=".prompt_jax_write_probe") as f:
+    f.write(b"\0" * 65536)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 # ===== Fingerprints: detect damaged values =====
@@ -197,12 +231,20 @@ class DataIteratorHandler(ocp.CheckpointHandler):
       try:
         tf.train.Checkpoint(ds=iterator).read(str(directory / name)).assert_consumed()
       except (tf.errors.OpError, AssertionError, ValueError) as e:
+        if "dataset definition" in str(e) or "DeserializeIterator" in str(e):
+          # Intact, but saved by another pipeline (another shuffle, task, lengths): the config
+          # changed, nothing is damaged.
+          raise DataPipelineChanged(_first_line(e)) from e
         raise CorruptCheckpoint(f"data iterator {name}: {_first_line(e)}") from e
     return None
 
 
 class DataStateUnavailable(Exception):
   """The checkpoint holds no iterator state for the pipeline (it is not checkpointable)."""
+
+
+class DataPipelineChanged(Exception):
+  """The saved iterator state is of another data pipeline than the one configured now."""
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -242,8 +284,24 @@ def reason(e: BaseException) -> str:
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
   text = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(e, "message", None) or _first_line(e))
+  for known in ("No space left on device", "Disk quota exceeded", "File too large",
+                "Permission denied", "Read-only file system"):
+    if known in text:
+      return known
   text = re.sub(r"\s*\[Op:[^\]]*\]\s*$", "", text)
   return text.rsplit("; ", 1)[-1].strip() or type(e).__name__
+
+
+def is_write_failure(e: BaseException) -> bool:
+  """Whether `e`, raised by a checkpoint save, is a failed write (disk full, permissions): an
+  OSError, a TensorFlow OpError, or tensorstore's ValueError ('RESOURCE_EXHAUSTED: ... No space
+  left on device [os_error_code=28]')."""
+  if isinstance(e, OSError) or type(e).__module__.startswith("tensorflow"):
+    return True
+  text = str(e)
+  return isinstance(e, ValueError) and any(
+      m in text for m in ("RESOURCE_EXHAUSTED", "No space left", "os_error_code",
+                          "PERMISSION_DENIED", "Disk quota exceeded"))
 
 
 # ===== Save / restore =====
@@ -269,25 +327,29 @@ def save(mngr: ocp.CheckpointManager, step: int, train_state: state_lib.TrainSta
   data = {"position": int(data_position), "fingerprint": fingerprint(state)}
   items = dict(state=ocp.args.StandardSave(state))
   if stream is not None:
-    data.update(batch_size=stream.cfg.batch_size, num_data_shards=stream.num_shards)
+    data.update(batch_size=stream.cfg.batch_size, num_data_shards=stream.num_shards,
+                data_config=data_config(stream.cfg))
     items["data_iterators"] = DataIteratorSave(
         {k: stream.iterators[k] for k in stream.owned}, stream.num_shards)
   items["data"] = ocp.args.JsonSave(data)
   quiet = _QuietOrbaxThreadErrors()
-  absl_logger = logging.getLogger("absl")
-  absl_logger.addFilter(quiet)
+  loggers = [logging.getLogger(name) for name in ("absl", "orbax")]
+  for logger in loggers:
+    logger.addFilter(quiet)
   try:
     return mngr.save(step, args=ocp.args.Composite(**items), force=force)
   finally:
-    absl_logger.removeFilter(quiet)
+    for logger in loggers:
+      logger.removeFilter(quiet)
 
 
 class _QuietOrbaxThreadErrors(logging.Filter):
-  """Orbax's save threads log a failed write with its traceback before re-raising it to the
-  caller, who reports it in one line (train/loop.py): drop that duplicate."""
+  """Orbax's save threads log a failed write (with its traceback) before re-raising it to the
+  caller, who reports it in one line (train/loop.py): drop those duplicates (any orbax error
+  record during a save, on whichever logger it arrives)."""
 
   def filter(self, record):
-    return not (record.exc_info and "orbax" in record.pathname and "futures" in record.pathname)
+    return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
 
 
 @dataclasses.dataclass
@@ -338,6 +400,14 @@ def _restore_one(mngr: ocp.CheckpointManager, model_dir: str, step: int,
       data_restored = True
     except DataStateUnavailable:
       pass  # the trainer replays the stream to `position`
+    except Exception as e:  # pylint: disable=broad-except  (orbax may wrap it)
+      changed = _cause(e, DataPipelineChanged)
+      if changed is None:
+        raise
+      raise ConfigError(
+          f"the data pipeline differs from the one checkpoint {step_dir(model_dir, step)} was "
+          f"written with ({changed}); resume with the run's config.gin bindings "
+          f"({os.path.join(model_dir, 'config.gin')}), or use a new MODEL_DIR") from None
   return Restored(step, state_lib.TrainState(s["step"], s["params"], s["opt_state"]),
                   int(data["position"]), data_restored, [])
 
@@ -351,6 +421,36 @@ def _check_data_layout(model_dir: str, step: int, data: Mapping[str, Any], strea
         f"checkpoint {step_dir(model_dir, step)} was written with BATCH_SIZE={saved[0]} and "
         f"num_data_shards={saved[1]}; resume with the same values (the data order depends on "
         f"them) or use a new MODEL_DIR")
+  saved_cfg, now = data.get("data_config"), data_config(stream.cfg)
+  if saved_cfg is None:
+    return  # written before the data pipeline was recorded (the iterator restore still checks)
+  differ = [k for k in sorted(set(saved_cfg) | set(now)) if saved_cfg.get(k) != now.get(k)]
+  if differ:
+    what = ", ".join(f"{k} {saved_cfg.get(k)!r} then, {now.get(k)!r} now" for k in differ)
+    raise ConfigError(
+        f"the data pipeline differs from the one checkpoint {step_dir(model_dir, step)} was "
+        f"written with ({what}); resume with the run's config.gin bindings "
+        f"({os.path.join(model_dir, 'config.gin')}), or use a new MODEL_DIR")
+
+
+def data_config(cfg) -> Dict[str, Any]:
+  """What of the training DatasetConfig decides the batches a checkpoint's data position and
+  iterator state refer to (JSON values, as the checkpoint's `data` item holds them)."""
+  return {"task": cfg.mixture_or_task_name, "split": cfg.split,
+          "task_feature_lengths": {k: int(v) for k, v in sorted(
+              dict(cfg.task_feature_lengths).items())},
+          "shuffle": bool(cfg.shuffle), "seed": cfg.seed, "pack": bool(cfg.pack)}
+
+
+def _cause(e: Optional[BaseException], kind: type) -> Optional[BaseException]:
+  """`e` or the first exception of its cause/context chain that is a `kind`."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, kind):
+      return e
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def latest_intact(model_dir: str, restore: Callable[[int], Any], use: str = "resuming from"

@@ -3,6 +3,7 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
+import logging
 import math
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -14,7 +15,7 @@ import numpy as np
 
 from prompt_jax import partitioning
 from prompt_jax import run_setup
-from prompt_jax.errors import ConfigError, Preempted, RunError
+from prompt_jax.errors import ConfigError, Preempted, RunError, check_integer
 from prompt_jax.train import checkpointing
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import guards
@@ -260,12 +261,19 @@ def train(*, model_dir: str = gin.REQUIRED,
     """Checks for non-finite values, then saves the checkpoint and the .npy export."""
     guards.check_finite(first_bad, done, lambda: _last_good(model_dir),
                         lambda: checkpointing.all_finite(state.params))
-    _write_checkpoint(mngr, model_dir, done, state, position, stream, backbone)
+    _write_checkpoint(mngr, model_dir, done, state, position, stream, backbone,
+                      keep=keep_checkpoints)
 
   buckets = _BucketPrograms(stream.buckets)
   watch = guards.PreemptionWatch().install()  # SIGTERM from here on: save after a step
   if eval_before_training and start == 0:
     evaluate(0)
+  elif eval_period and 0 < start < total_steps and start % eval_period == 0:
+    # The run that saved `start` may have stopped (killed, preempted) before or during its
+    # evaluation, which no later step would redo: evaluate it now.
+    summaries.log("evaluating the restored step %d (its run may have stopped before its "
+                  "evaluation finished)", start)
+    evaluate(start)
   for step in range(start, total_steps):
     local = next(stream)
     if model.prompt is not None:
@@ -311,6 +319,8 @@ def train(*, model_dir: str = gin.REQUIRED,
       final_metrics = evaluate(done)
       if final_metrics:  # and evaluations (which waited for the steps so far)
         progress.start(done)
+      if not last and watch.requested(done):  # SIGTERM during the evaluation: stop now
+        _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
     if stop_after_step is not None and done == stop_after_step:
       break
   else:
@@ -334,22 +344,14 @@ def _check_run_values(model_dir: Any, total_steps: Any, *, checkpoint_period: An
   """Values checked before any compilation, data loading or writing."""
   if not isinstance(model_dir, str) or not model_dir:
     raise ConfigError(f"MODEL_DIR must be a directory path string, got {model_dir!r}")
-  if isinstance(random_seed, bool) or not isinstance(random_seed, int):
-    raise ConfigError(f"RANDOM_SEED must be an integer, got {random_seed!r}")
-  _check_count("TRAIN_STEPS", total_steps, 1)
-  _check_count("CHECKPOINT_PERIOD", checkpoint_period, 1)
-  _check_count("prompt_jax.train.stats_period", stats_period, 1)
-  _check_count("EVAL_PERIOD", eval_period, 0, " (0: no evaluation during training)")
-  if keep_checkpoints is not None:  # 0 would have orbax delete each checkpoint as it is written
-    _check_count("KEEP_CHECKPOINTS", keep_checkpoints, 1, " or None (keep them all)")
+  check_integer(random_seed, "RANDOM_SEED")
+  check_integer(total_steps, "TRAIN_STEPS", 1)
+  check_integer(checkpoint_period, "CHECKPOINT_PERIOD", 1)
+  check_integer(stats_period, "prompt_jax.train.stats_period", 1)
+  check_integer(eval_period, "EVAL_PERIOD", 0, " (0: no evaluation during training)")
+  # (0 would have orbax delete each checkpoint as it is written)
+  check_integer(keep_checkpoints, "KEEP_CHECKPOINTS", 1, " or None (keep them all)", none_ok=True)
   checkpointing.check_writable(model_dir)
-
-
-def _check_count(name: str, value: Any, least: int, more: str = "") -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise ConfigError(f"{name} must be an integer, got {value!r}")
-  if value < least:
-    raise ConfigError(f"{name} must be >= {least}{more}, got {value}")
 
 
 def _resumed(mngr, model_dir: str, restored: checkpointing.Restored,
@@ -401,19 +403,37 @@ def _last_good(model_dir: str) -> Optional[str]:
 
 
 def _write_checkpoint(mngr, model_dir: str, step: int, state: state_lib.TrainState,
-                      position: int, stream: data_lib.TrainStream, backbone) -> None:
+                      position: int, stream: data_lib.TrainStream, backbone,
+                      keep: Optional[int] = None) -> None:
   """Checkpoint + .npy export of `step`; a failed write (disk full, permissions) stops the run
-  with one line saying what is kept."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (already loaded by data)
+  with one line saying what is kept. A checkpoint written whose old ones could not be deleted
+  (KEEP_CHECKPOINTS) is exported and the run goes on, with a warning."""
+  existed = step in checkpointing.steps(model_dir)
   try:
     checkpointing.save(mngr, step, state, position, force=True, stream=stream)
+  except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+    if not existed and step in checkpointing.steps(model_dir):  # written; the clean-up failed
+      old = checkpointing.steps(model_dir)[keep:] if keep else []
+      logging.warning("checkpoint %d saved; could not delete the old checkpoint%s (%s): delete "
+                      "it by hand if space runs short", step,
+                      (" " + ", ".join(str(s) for s in sorted(old))) if old else "",
+                      checkpointing.reason(e))
+    else:
+      _raise_write_failure(model_dir, step, e)
+  try:
     checkpointing.export_numpy(model_dir, step, state.params, exclude=backbone)
-  except (OSError, tf.errors.OpError) as e:
-    last = _last_good(model_dir)
-    raise RunError(
-        f"cannot write checkpoint {step} to {model_dir} ({checkpointing.reason(e)}); "
-        + (f"{last} is intact" if last else "no checkpoint was written")
-        + ": free space or fix permissions, then run the same command to resume") from e
+  except Exception as e:  # pylint: disable=broad-except
+    _raise_write_failure(model_dir, step, e)
+
+
+def _raise_write_failure(model_dir: str, step: int, e: Exception) -> None:
+  if not checkpointing.is_write_failure(e):
+    raise e
+  last = _last_good(model_dir)
+  raise RunError(
+      f"cannot write checkpoint {step} to {model_dir} ({checkpointing.reason(e)}); "
+      + (f"{last} is intact" if last else "no checkpoint was written")
+      + ": free space or fix permissions, then run the same command to resume") from e
 
 
 def _stop_preempted(watch: guards.PreemptionWatch, save: Callable[[int], None], step: int, *,
