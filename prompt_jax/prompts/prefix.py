@@ -161,15 +161,12 @@ ATTENTIONS = {  # which: (stack, attention module, number-of-layers field of the
 }
 
 
-def word_activations(config, params, tokens, decoder: bool = False,
-                     which: Optional[str] = None) -> Tuple[Array, Array]:
+def word_activations(config, params, tokens, which: str = "encoder") -> Tuple[Array, Array]:
   """(key, value), each [L, P, D] float32: the frozen model's keys and values in every layer of
   the attention `which` when it reads `tokens` [P]: 'encoder' (the encoder's self-attention),
   'decoder' (the decoder's self-attention: the decoder reads the tokens as its targets, teacher
   forced, with the same tokens as its input) or 'cross' (the decoder's cross-attention: the key
-  and value projections of the frozen encoder's output on the tokens). None: 'decoder' if
-  `decoder` else 'encoder'."""
-  which = which or ("decoder" if decoder else "encoder")
+  and value projections of the frozen encoder's output on the tokens)."""
   if which not in ATTENTIONS:
     raise ValueError(f"which must be one of {sorted(ATTENTIONS)}, got {which!r}")
   side, attention, layers_field = ATTENTIONS[which]

@@ -11,6 +11,7 @@ import optax
 from flax import traverse_util
 
 from prompt_jax.models import T5, T5Config
+from prompt_jax.prompts import specs
 from tests import numerics
 
 TINY = T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
@@ -67,6 +68,21 @@ def _frozen(seed):
 def frozen(seed=0):
   """The plain tiny T5's params (cached across tests)."""
   return _frozen(seed)
+
+
+class WordVocab:
+  """Words -> ids as a tiny vocabulary would: 'a b' -> [5, 6]."""
+
+  def encode(self, text):
+    return [5 + " abcdefgh".index(w) for w in text.split()]
+
+
+def word_backbone():
+  """The tiny T5's Backbone with its frozen params and `WordVocab` (what PREFIX_INIT_WORDS
+  reads)."""
+  params = frozen()
+  return specs.Backbone(TINY, embedding=np.asarray(params["token_embedder"]["embedding"]),
+                        vocabulary=WordVocab(), params=params)
 
 
 def with_frozen(params, frozen):

@@ -240,19 +240,8 @@ def test_folded_cross_prefix_gives_the_reparameterised_logits():
 
 # (f) Initialisation from the words' activations.
 
-class _Vocab:
-  def encode(self, text):
-    return [5 + " abcdefgh".index(w) for w in text.split()]
-
-
-def _backbone():
-  frozen = helpers.frozen()
-  return specs.Backbone(CFG, embedding=np.asarray(frozen["token_embedder"]["embedding"]),
-                        vocabulary=_Vocab(), params=frozen)
-
-
 def _own_cross(spec):
-  model = _model(spec, _backbone())
+  model = _model(spec, helpers.word_backbone())
   enc, dec_in, tgt = helpers.batch()
   variables = jax.jit(lambda rng: model.init(rng, enc, dec_in, tgt, enable_dropout=False))(
       jax.random.PRNGKey(0))

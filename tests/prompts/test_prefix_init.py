@@ -18,19 +18,6 @@ P = 3
 D = CFG.num_heads * CFG.head_dim
 
 
-class _Vocab:
-  """Words -> ids as a tiny vocabulary would: 'a b' -> [5, 6]."""
-
-  def encode(self, text):
-    return [5 + " abcdefgh".index(w) for w in text.split()]
-
-
-def _backbone():
-  frozen = helpers.frozen()
-  return specs.Backbone(CFG, embedding=np.asarray(frozen["token_embedder"]["embedding"]),
-                        vocabulary=_Vocab(), params=frozen)
-
-
 def _own(model, side):
   """The initialised prefix parameters of `side` ('encoder' / 'decoder'), as numpy."""
   enc, dec_in, tgt = helpers.batch()
@@ -60,7 +47,7 @@ def test_direct_prefixes_start_at_the_words_keys_and_values(side):
   """Layer 0's prefix keys/values are the frozen layer-0 projections of the words' (RMS-normed)
   embeddings, written out in numpy (the decoder reads the words shifted right, as its input)."""
   spec = specs.deep_prefix(length=P, init_words="a b")  # 2 words repeated to P = 3 tokens
-  model = T5(CFG, **spec.model_kwargs(_backbone()))
+  model = T5(CFG, **spec.model_kwargs(helpers.word_backbone()))
   own = _own(model, side)
   assert own["key"].shape == (2, P, D)
   frozen = helpers.frozen()
@@ -80,7 +67,7 @@ def test_direct_prefixes_start_at_the_words_keys_and_values(side):
     # Bound: the numpy formula's own float32 error against its float64 evaluation (numerics.py).
     numerics.assert_close(own[kind][0], ref32, ref64, what=f"{side} layer-0 {kind}")
   # Deeper layers come from the same run of the frozen model: compare with word_activations.
-  key, value = prefix.word_activations(CFG, frozen, [6, 7, 6], decoder=side == "decoder")
+  key, value = prefix.word_activations(CFG, frozen, [6, 7, 6], which=side)
   np.testing.assert_array_equal(own["key"], np.asarray(key))
   np.testing.assert_array_equal(own["value"], np.asarray(value))
 
@@ -90,7 +77,7 @@ def test_reparameterised_prefixes_reproduce_the_words_activations_at_step_0():
   the words' activations up to the solve's rounding; bound: the same least-squares solve in
   float32 numpy against its float64 evaluation (numerics.py)."""
   spec = specs.deep_prefix(length=P, hidden=8, init_words="a b", decoder=False)
-  model = T5(CFG, **spec.model_kwargs(_backbone()))
+  model = T5(CFG, **spec.model_kwargs(helpers.word_backbone()))
   own = _own(model, "encoder")
   module = prefix.DeepPrefix(length=P, num_layers=2, num_heads=CFG.num_heads,
                              head_dim=CFG.head_dim, emb_dim=16, hidden=8)
@@ -109,4 +96,4 @@ def test_reparameterised_prefixes_reproduce_the_words_activations_at_step_0():
 
 def test_words_init_needs_words_that_encode():
   with pytest.raises(ConfigError, match="encode to no tokens"):
-    specs.deep_prefix(length=P, init_words=" ").model_kwargs(_backbone())
+    specs.deep_prefix(length=P, init_words=" ").model_kwargs(helpers.word_backbone())
