@@ -30,6 +30,7 @@ INSTALL_REQUIRES = [
 
 TEST_REQUIRES = [
     "pytest>=8",
+    "pytest-xdist>=3.5",   # pytest.ini runs the suite on up to 4 workers, one test file each
     "torch==2.13.0",
     "transformers>=5,<6",
     "safetensors>=0.4",
