@@ -16,7 +16,7 @@ trace. It sits above models/, prompts/ and checkpoints/ and below train/ and eva
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import gin
@@ -293,7 +293,7 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
             feature_lengths: Mapping[str, int], initial_checkpoint_path: Optional[str],
             trainable_regex: str, mesh: Mesh, vocabulary=None, random_seed: int = 0,
             frozen_dtype: str = AUTO, planned: Optional[Layout] = None,
-            init_trainable: bool = True) -> Run:
+            init_trainable: bool = True, read_inits: bool = True) -> Run:
   """Restores the frozen backbone (sharded) and initialises what it lacks (the prompt).
 
   The frozen weights are held in `frozen_dtypes(frozen_dtype, config)`; the prompt's
@@ -303,7 +303,12 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   of the run (`Run.deferred`): nothing is compiled for them, and the whole model's init (traced
   to initialise a prompt, the larger part of a restart's set-up after the read) is traced only
   until their initialisers have run, for the errors those raise. Frozen ones the checkpoint
-  lacks are initialised all the same: no train checkpoint holds them."""
+  lacks are initialised all the same: no train checkpoint holds them.
+  `read_inits=False` (with `init_trainable=False`: eval / infer of a checkpoint, which has no
+  init to fall back to, unlike a resumed `train`): when every parameter outside the backbone
+  trains, hence comes from the checkpoint, the method's initialisers are built from shapes only
+  (`inits_from_shapes`), so none reads what the run started from (PROMPT_FILE, DPT_PROMPT_FILE,
+  IPT_TABLE_FILE, ...: moved, deleted, or on another machine)."""
   _check_vocabulary(vocabulary, config)
   planned = planned or layout(config=config, prompt=prompt, feature_lengths=feature_lengths,
                               trainable_regex=trainable_regex, mesh=mesh,
@@ -334,10 +339,15 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
     loaded = random_backbone(abstract_model, feature_lengths, init_rng, shardings,
                              keep=lambda p: p in backbone)
 
-  if embedding is None and EMBEDDING in loaded:
-    embedding = partitioning.to_host(loaded[EMBEDDING]).astype(np.float32)
-  model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
   missing = [p for p in shardings if p not in backbone]
+  from_shapes = not read_inits and not init_trainable and inits_from_shapes(missing,
+                                                                           trainable_regex)
+  if from_shapes:
+    model = build_model(config, prompt, None, vocabulary, params=trees.unflatten(loaded))
+  else:
+    if embedding is None and EMBEDDING in loaded:
+      embedding = partitioning.to_host(loaded[EMBEDDING]).astype(np.float32)
+    model = build_model(config, prompt, embedding, vocabulary, params=trees.unflatten(loaded))
   deferred = () if init_trainable else tuple(
       p for p in missing if trees.is_trainable(p, trainable_regex))
 
@@ -348,7 +358,7 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
   rest = [p for p in missing if p not in deferred]
   # The deferred initialisers' checks still hold (a PROMPT_FILE of another shape, ...); an init
   # of `rest` traces every initialiser anyway.
-  if deferred and not rest:
+  if deferred and not rest and not from_shapes:
     _check_initialisers(model, feature_lengths, init_rng, mesh, deferred)
   params = dict(loaded)
   params.update(init(rest))
@@ -361,7 +371,22 @@ def prepare(*, config: T5Config, prompt: Optional[specs.MethodSpec],
              trainable=trees.unflatten(trainable), frozen=trees.unflatten(frozen),
              trainable_shardings=trees.unflatten({k: shardings[k] for k in trainable}),
              frozen_shardings=trees.unflatten({k: shardings[k] for k in frozen}),
-             deferred=deferred, deferred_init=(lambda: init(list(deferred))) if deferred else None)
+             deferred=deferred,
+             deferred_init=(_no_init if from_shapes else lambda: init(list(deferred)))
+             if deferred else None)
+
+
+def _no_init():
+  raise ConfigError("prepare(read_inits=False) built the prompt's initialisers from shapes "
+                    "only: its parameters must come from a checkpoint")
+
+
+def inits_from_shapes(non_backbone: Sequence[str], trainable_regex: str) -> bool:
+  """Whether a model whose trainable parameters a checkpoint restores may build its method's
+  initialisers from shapes only (`build_model` without the embedding table: uniform, reading no
+  file): yes unless a parameter outside the backbone is frozen (an encoder IPT's table, a prompt
+  TRAINABLE_REGEX leaves out), whose value no checkpoint holds and only its initialiser gives."""
+  return all(trees.is_trainable(p, trainable_regex) for p in non_backbone)
 
 
 def _as(x: Array, dtype) -> Array:

@@ -72,7 +72,9 @@ def wsc_simple(prediction: Any, example: Optional[Mapping[str, Any]] = None,
                is_target: bool = False) -> int:
   """1 if the generated referent matches the candidate (T5's fuzzy match), else 0.
 
-  For targets, the example's label (1: the candidate is the pronoun's referent).
+  A prediction that is empty once cleaned (e.g. "" or "the") is -1, as in T5: 0 would
+  spuriously match a negative label. For targets, the example's label (1: the candidate is
+  the pronoun's referent).
   """
   if is_target:
     return int(example["label"])
@@ -81,8 +83,10 @@ def wsc_simple(prediction: Any, example: Optional[Mapping[str, Any]] = None,
     s = s.strip().lower()
     return " ".join(w for w in s.split(" ") if w not in _WSC_DETERMINERS)
 
-  referent = clean(_text(example["targets_pretokenized"]))
   prediction = clean(_text(prediction))
+  if not prediction:
+    return -1
+  referent = clean(_text(example["targets_pretokenized"]))
   if ("'" in prediction) != ("'" in referent):
     # "Bob" must not match the referent "Bob's hat".
     return 0

@@ -18,8 +18,12 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 
 def _pad_punctuation(text: tf.Tensor) -> tf.Tensor:
-  """Adds spaces around every non-word character and collapses whitespace (T5's squad)."""
-  text = tf.strings.regex_replace(text, r"(\W)", r" \1 ")
+  """Adds spaces around punctuation and collapses whitespace (T5's squad).
+
+  T5's current regexes: `[[:punct:]]` (ASCII punctuation), not its old non-word class, which
+  RE2 takes as ASCII-only, so that it split non-ASCII letters ("Frédéric" -> "Fr é d é ric").
+  """
+  text = tf.strings.regex_replace(text, r"([[:punct:]])", r" \1 ")
   return tf.strings.regex_replace(text, r"\s+", " ")
 
 

@@ -8,10 +8,12 @@
   taskless_<name>_sentinel    both,
 
 (the `_sentinel` goes before a trailing `_train`/`_eval`, as T5's `_1_sentinel` does), and records
-the label set used for rank classification under every name (see `label_set`).
+the label set used for rank classification under every name (see `label_set`). A sentinel
+variant's label set is marked `sentinel`: its rank-classification candidates start with
+<extra_id_0> like its training targets (`registered_label_set(name).sentinel`).
 """
 import difflib
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import seqio
 
@@ -19,7 +21,23 @@ from prompt_jax.tasks import features
 from prompt_jax.tasks import postprocessors
 from prompt_jax.tasks import preprocessors
 
-_LABEL_SETS: Dict[str, Tuple[str, ...]] = {}
+
+class LabelSet(tuple):
+  """A task's label texts, in class-index order; `sentinel`: the task's targets start with
+  <extra_id_0> (a `_sentinel` variant), so its label candidates must too."""
+
+  sentinel: bool
+
+  def __new__(cls, label_names: Sequence[str], sentinel: bool = False) -> "LabelSet":
+    labels = super().__new__(cls, label_names)
+    labels.sentinel = bool(sentinel)
+    return labels
+
+  def __repr__(self) -> str:
+    return f"LabelSet({tuple(self)!r}, sentinel={self.sentinel})"
+
+
+_LABEL_SETS: Dict[str, LabelSet] = {}
 
 # Variant key -> (prefix added, sentinel added).
 VARIANTS = {
@@ -48,12 +66,21 @@ def variant_name(name: str, variant: str) -> str:
   return sentinel_name(name) if sentinel else name
 
 
-def register_label_set(task_name: str, label_names: Sequence[str]) -> None:
-  _LABEL_SETS[task_name] = tuple(label_names)
+def register_label_set(task_name: str, label_names: Sequence[str],
+                       sentinel: Optional[bool] = None) -> None:
+  """Records `task_name`'s label texts; `sentinel`: its targets start with <extra_id_0>.
+
+  `sentinel=None` keeps the mark of a `LabelSet` passed in (a few-shot or mixture copy of a
+  task gets the task's), else False.
+  """
+  if sentinel is None:
+    sentinel = getattr(label_names, "sentinel", False)
+  _LABEL_SETS[task_name] = LabelSet(label_names, sentinel)
 
 
-def registered_label_set(task_name: str) -> Optional[Tuple[str, ...]]:
-  """The label set recorded for `task_name`, or None (no lookup of few-shot names)."""
+def registered_label_set(task_name: str) -> Optional[LabelSet]:
+  """The label set recorded for `task_name` (a tuple of texts with `.sentinel`), or None (no
+  lookup of few-shot names)."""
   return _LABEL_SETS.get(task_name)
 
 
@@ -128,7 +155,7 @@ def add_task(name: str,
         postprocess_fn=postprocess,
         metric_fns=list(metric_fns))
     if label_names is not None:
-      register_label_set(task_name, label_names)
+      register_label_set(task_name, label_names, sentinel=sentinel)
     names[variant] = task_name
   return names
 

@@ -20,9 +20,11 @@ Combination (Lester et al. 2021, Section 7):
                         given first by the lowest-numbered prompt (the order of the prompts)
   mean log-likelihood   (label tasks) the label with the highest mean over the N prompts of its
                         summed log-likelihood; a tie goes to the first label of the label set
-Outputs: MODEL_DIR/ensemble/<task>.json and .md (each prompt's metrics, their mean and best, the
-ensemble's) and <task>-predictions.jsonl (each example's per-prompt and ensemble outputs; for
-label tasks each prompt's summed log-likelihood of every label, to combine them other ways).
+Outputs: MODEL_DIR/ensemble/<task>-<split>.json and .md (each prompt's metrics, their mean and
+best, the ensemble's) and <task>-<split>-predictions.jsonl (each example's per-prompt and
+ensemble outputs; for label tasks each prompt's summed log-likelihood of every label, to combine
+them other ways); named by the split as `eval`'s results are (`run.result_stem`), so the results
+of several splits never overwrite each other.
 A prompt may have any name (`targets`, `majority_vote`, ...): its outputs are only ever under its
 name inside `prompts` / `predictions` / `label_log_likelihood`, never beside the ensemble's keys.
 Metrics are the task's own (seqio.Evaluator), computed on each prompt's predictions: a prompt's
@@ -56,7 +58,8 @@ from prompt_jax.train import data as data_lib
 from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
 
-ENSEMBLE_DIR = "ensemble"  # MODEL_DIR/ensemble/<task>.{json,md}, <task>-predictions.jsonl
+# MODEL_DIR/ensemble/<task>-<split>.{json,md}, <task>-<split>-predictions.jsonl
+ENSEMBLE_DIR = "ensemble"
 VOTE, MEAN_LL = "majority_vote", "mean_log_likelihood"
 Prompts = Union[None, str, Sequence[str], Mapping[str, str]]
 
@@ -251,14 +254,15 @@ def serve(members: List[Member], model: run_setup.ModelSpec, dataset_cfg, initia
                           initial_checkpoint_path=initial_checkpoint_path,
                           trainable_regex=placeholder.trainable_regex, mesh=mesh,
                           vocabulary=vocabulary, frozen_dtype=model.frozen_dtype,
-                          init_trainable=False)
+                          init_trainable=False, read_inits=False)
   modules = {}
-  embedding = partitioning.to_host(run.frozen["token_embedder"]["embedding"]).astype(np.float32)
   for m in members:
     if m.entry is not None:
       continue
-    module = run_setup.build_model(model.config, m.spec, embedding, vocabulary,
-                                   params=run.frozen)
+    # Its parameters are its checkpoint's and the backbone's, never an init's: the initialisers
+    # are built from shapes only (no embedding table), so none reads the files the run started
+    # from (PROMPT_FILE, IPT_TABLE_FILE, ...), which may be gone.
+    module = run_setup.build_model(model.config, m.spec, None, vocabulary, params=run.frozen)
     trainable_dt = jnp.promote_types(jnp.float32, model.config.dtype)
     own = trees.unflatten({k: jnp.asarray(v, trainable_dt) for k, v in m.trainable.items()})
     modules[m.name] = (module, trees.merge(own, run.frozen))
@@ -474,8 +478,8 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
                          "length": m.length, "metrics": per_prompt[m.name]} for m in members],
             "mean": mean, "best": best, "ensemble": ensemble}
   out_dir = os.path.join(model_dir, ENSEMBLE_DIR)
-  files = [os.path.join(out_dir, f"{task.name}.json"), os.path.join(out_dir, f"{task.name}.md"),
-           os.path.join(out_dir, f"{task.name}-predictions.jsonl")]
+  stem = os.path.join(out_dir, run_lib.result_stem(task.name, dataset_cfg.split))
+  files = [stem + ".json", stem + ".md", stem + "-predictions.jsonl"]
   if jax.process_index() == 0:
     rows = []
     for e, index in enumerate(cache.get("indices", [])):
@@ -559,7 +563,7 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
       rows.append(json.dumps({"task": sub.name, "prompt": names[i], "inputs": text,
                               "prediction": vocabulary.decode(pred), "targets": target}) + "\n")
   out_path = os.path.join(model_dir, run_lib.INFERENCE_DIR,
-                          f"{task.name}-{dataset_cfg.split}-bank.jsonl")
+                          run_lib.result_stem(task.name, dataset_cfg.split, "bank") + ".jsonl")
   if jax.process_index() == 0:
     run_lib._write_text(out_path, "".join(rows))  # pylint: disable=protected-access
   summaries.log("wrote %d predictions to %s", len(rows), out_path)

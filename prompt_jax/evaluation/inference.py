@@ -2,7 +2,8 @@
 
 `predict_tokens(run, encoder_inputs, ...)` returns one token list per example: tasks with a label
 set are rank-classified (each label text scored as the target, teacher forced, summed
-log-likelihood; the best predicted, so the task's postprocessor and metrics apply unchanged),
+log-likelihood; the best predicted, so the task's postprocessor and metrics apply unchanged; a
+`_sentinel` task's candidates start with <extra_id_0>, as its training targets do),
 others are decoded as `DecodingConfig` says (gin: `prompt_jax.decoding_config.method = 'beam'`,
 `.beam_size`, `.alpha`; see gin/decoding/beam.gin). The encoder runs once per example in every
 case. The row-level pieces (`label_scores`, `decode_rows`) take any [N, T] rows, e.g. examples x
@@ -34,19 +35,37 @@ def decoding_config(method: str = "greedy", beam_size: int = 4,
   return DecodingConfig(method=method, beam_size=beam_size, alpha=alpha)
 
 
-def label_set(task_name: str) -> Optional[List[str]]:
-  """The task's declared label texts, or None (decode instead)."""
+class Labels(list):
+  """Label texts; `sentinel`: the task's targets start with <extra_id_0>, so `label_tokens`
+  starts every candidate with it."""
+
+  def __init__(self, texts: Sequence[str] = (), sentinel: bool = False):
+    super().__init__(texts)
+    self.sentinel = bool(sentinel)
+
+
+def label_set(task_name: str) -> Optional[Labels]:
+  """The task's declared label texts (with `.sentinel`), or None (decode instead)."""
   try:
     from prompt_jax.tasks import registration  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
   labels = registration.registered_label_set(task_name)
-  return list(labels) if labels else None
+  return Labels(labels, getattr(labels, "sentinel", False)) if labels else None
 
 
-def label_tokens(labels: Sequence[str], vocabulary) -> np.ndarray:
-  """[C, L] token ids of each label text + EOS, 0-padded."""
-  ids = [list(vocabulary.encode(l)) + [EOS_ID] for l in labels]
+def label_tokens(labels: Sequence[str], vocabulary,
+                 sentinel: Optional[bool] = None) -> np.ndarray:
+  """[C, L] token ids of each label text + EOS, 0-padded: the targets the task trains on.
+
+  `sentinel` (default: `labels.sentinel`, as `label_set` returns it, else False): each
+  candidate starts with <extra_id_0>, the vocabulary's last id, as `add_sentinel_to_targets`
+  puts it in front of a `_sentinel` task's targets.
+  """
+  if sentinel is None:
+    sentinel = getattr(labels, "sentinel", False)
+  prefix = [vocabulary.vocab_size - 1] if sentinel else []
+  ids = [prefix + list(vocabulary.encode(l)) + [EOS_ID] for l in labels]
   width = max(len(i) for i in ids)
   return np.array([i + [0] * (width - len(i)) for i in ids], np.int32)
 

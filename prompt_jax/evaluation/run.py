@@ -79,7 +79,8 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
       initial_checkpoint_path=initial_checkpoint_path, trainable_regex=model.trainable_regex,
       mesh=mesh, vocabulary=task.output_features["targets"].vocabulary,
       frozen_dtype=model.frozen_dtype,
-      init_trainable=not checkpoint_path)  # the checkpoint's values replace any init
+      # The checkpoint's values replace any init: none is run, nor read (PROMPT_FILE, ...).
+      init_trainable=not checkpoint_path, read_inits=not checkpoint_path)
   if checkpoint_path:
     saved = checkpoint_params(checkpoint_path)
     current = trees.flatten(run.trainable)
@@ -119,12 +120,20 @@ def evaluate(*, model_dir: Optional[str] = None,
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   out = None
   if model_dir and jax.process_index() == 0:
-    out = os.path.join(model_dir, EVAL_DIR, f"{dataset_cfg.mixture_or_task_name}-"
-                       f"{dataset_cfg.split}-{result_label(source, prompt_file)}.json")
+    out = os.path.join(model_dir, EVAL_DIR, result_stem(
+        dataset_cfg.mixture_or_task_name, dataset_cfg.split,
+        result_label(source, prompt_file)) + ".json")
     _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
                                  "prompt_file": prompt_file, "split": dataset_cfg.split,
                                  "metrics": metrics}, indent=1, sort_keys=True) + "\n")
   return EvalResult(metrics=metrics, metrics_file=out, step=source.step)
+
+
+def result_stem(task_name: str, split: str, *labels: str) -> str:
+  """'<task>-<split>[-<label>...]', the name (less its extension) of a result of a task's split:
+  eval, infer, ensemble-eval and bank infer all name the split, so results of several splits
+  sit side by side in MODEL_DIR, never one over another."""
+  return "-".join((task_name, split) + labels)
 
 
 def result_label(source: run_dir.RunDir, prompt_file: Optional[str]) -> str:
@@ -203,7 +212,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
              for ex in examples]
     targets = [vocabulary.decode([int(t) for t in ex["decoder_target_tokens"] if t > 1])
                for ex in examples]
-    name = f"{task.name}-{dataset_cfg.split}.jsonl"
+    name = result_stem(task.name, dataset_cfg.split) + ".jsonl"
   labels = inference.label_set(task.name)
   tokens = inference.predict_tokens(run, tokens_in, batch_size=dataset_cfg.batch_size,
                                     max_decode_length=dataset_cfg.task_feature_lengths["targets"],

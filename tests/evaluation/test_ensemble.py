@@ -53,7 +53,7 @@ def ensemble_rows(prompts, model_dir, *, float64=False):
     code, out, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
                               f"--gin.ENSEMBLE_PROMPTS={dict(prompts)!r}"] + COMMON + extra)
   assert code == 0, err
-  with open(os.path.join(model_dir, "ensemble", f"{TASK}-predictions.jsonl")) as f:
+  with open(os.path.join(model_dir, "ensemble", f"{TASK}-validation-predictions.jsonl")) as f:
     return out, [json.loads(l) for l in f]
 
 
@@ -86,14 +86,14 @@ def ensembled64(prompt_files, tmp_path_factory):
 
 def test_ensemble_eval_writes_the_table_and_predictions(ensembled, prompt_files):
   model_dir, out = ensembled
-  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
+  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}-validation.json")))
   assert [p["name"] for p in report["prompts"]] == list(prompt_files)
   assert [p["length"] for p in report["prompts"]] == [4, 8, 6]
   accs = [p["metrics"]["accuracy"] for p in report["prompts"]]
   assert report["mean"]["accuracy"] == pytest.approx(np.mean(accs))
   assert report["best"]["accuracy"]["value"] == max(accs)
   rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
-                                                    f"{TASK}-predictions.jsonl"))]
+                                                    f"{TASK}-validation-predictions.jsonl"))]
   assert len(rows) == report["num_examples"] == 256
   # The vote and the accuracy it gets are consistent with the per-prompt predictions.
   votes = ensemble.majority_vote([[r["predictions"][n] for n in prompt_files] for r in rows])
@@ -105,9 +105,35 @@ def test_ensemble_eval_writes_the_table_and_predictions(ensembled, prompt_files)
   labels = sorted(rows[0]["mean_label_log_likelihood"])
   assert [labels[i] for i in np.argmax(means, -1)] == [r["mean_log_likelihood"] for r in rows]
   assert len({r["predictions"]["p0"] for r in rows}) > 1  # not a constant prediction
-  md = open(os.path.join(model_dir, "ensemble", f"{TASK}.md")).read()
+  md = open(os.path.join(model_dir, "ensemble", f"{TASK}-validation.md")).read()
   assert "ensemble: majority vote" in md and "mean of 3 prompts" in md
   assert out.strip().splitlines()[-1].startswith("ensemble table ")
+
+
+def test_ensembles_of_two_splits_leave_both_results(ensembled, prompt_files):
+  """Results are named by their split, as `eval`'s are: ensemble-eval of the test split into the
+  MODEL_DIR of the validation one adds its own files and leaves the validation ones as they were
+  (both were `<task>.json`, ...: the second run silently replaced the first)."""
+  model_dir, _ = ensembled
+  out_dir = os.path.join(model_dir, "ensemble")
+  names = lambda split: [f"{TASK}-{split}.json", f"{TASK}-{split}.md",
+                         f"{TASK}-{split}-predictions.jsonl"]
+  read = lambda split: [open(os.path.join(out_dir, n)).read() for n in names(split)]
+  validation = read("validation")
+  code, out, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--gin.ENSEMBLE_PROMPTS={dict(prompt_files)!r}",
+                            "--gin.EVAL_SPLIT='test'"] + COMMON)
+  assert code == 0, err
+  assert read("validation") == validation
+  assert sorted(os.listdir(out_dir)) == sorted(names("validation") + names("test"))
+  test = json.loads(read("test")[0])
+  assert test["split"] == "test" and json.loads(validation[0])["split"] == "validation"
+  assert test["num_examples"] == 256
+  rows = [json.loads(l) for l in read("test")[2].splitlines()]
+  assert [r["inputs"] for r in rows] != [json.loads(l)["inputs"]
+                                         for l in validation[2].splitlines()]
+  assert out.strip().splitlines()[-1] == "ensemble table " + ", ".join(
+      os.path.join(out_dir, n) for n in names("test"))
 
 
 def test_each_prompt_in_the_ensemble_equals_the_prompt_alone(ensembled, ensembled64,
@@ -119,9 +145,9 @@ def test_each_prompt_in_the_ensemble_equals_the_prompt_alone(ensembled, ensemble
   near-tie (tests/numerics.near_ties, against the ensemble's float64 run), and the accuracy by
   at most those examples' share."""
   model_dir, _ = ensembled
-  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
+  report = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}-validation.json")))
   rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
-                                                    f"{TASK}-predictions.jsonl"))]
+                                                    f"{TASK}-validation-predictions.jsonl"))]
   for i, name in enumerate(("p0", "p1")):
     alone = tmp_path / name
     length = np.load(prompt_files[name]).shape[0]
@@ -154,7 +180,7 @@ def test_bank_infer_serves_each_example_its_named_prompt(prompt_files, tmp_path,
   assert code == 0, err
   got = [json.loads(l) for l in open(tmp_path / "inference" / f"{TASK}-validation-bank.jsonl")]
   rows = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
-                                                    f"{TASK}-predictions.jsonl"))]
+                                                    f"{TASK}-validation-predictions.jsonl"))]
   assert {g["prompt"] for g in got} == {TASK}
   numerics.assert_same_choices([g["prediction"] for g in got],
                                [r["predictions"]["p2"] for r in rows],
@@ -172,9 +198,9 @@ def test_prompt_names_never_collide_with_the_ensembles_own_keys(names, ensembled
   renamed = dict(zip(names, prompt_files.values()))
   out, rows = ensemble_rows(renamed, str(tmp_path / "renamed"))
   rows0 = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble",
-                                                     f"{TASK}-predictions.jsonl"))]
-  report0 = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}.json")))
-  report = json.load(open(tmp_path / "renamed" / "ensemble" / f"{TASK}.json"))
+                                                     f"{TASK}-validation-predictions.jsonl"))]
+  report0 = json.load(open(os.path.join(model_dir, "ensemble", f"{TASK}-validation.json")))
+  report = json.load(open(tmp_path / "renamed" / "ensemble" / f"{TASK}-validation.json"))
   assert report["ensemble"] == report0["ensemble"]
   assert [p["name"] for p in report["prompts"]] == list(names)
   assert [p["metrics"] for p in report["prompts"]] == [p["metrics"] for p in report0["prompts"]]
@@ -280,10 +306,10 @@ def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prom
   code, _, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
                           f"--gin.ENSEMBLE_PROMPTS={prompts!r}"] + COMMON)
   assert code == 0, err
-  report = json.load(open(model_dir / "ensemble" / f"{TASK}.json"))
+  report = json.load(open(model_dir / "ensemble" / f"{TASK}-validation.json"))
   assert [p["method"] for p in report["prompts"]] == [
       "prompt_tuning (file)", "Residual", "IDPG", "DeepPrefix"], report["prompts"]
-  rows = [json.loads(l) for l in open(model_dir / "ensemble" / f"{TASK}-predictions.jsonl")]
+  rows = [json.loads(l) for l in open(model_dir / "ensemble" / f"{TASK}-validation-predictions.jsonl")]
   _, rows64 = ensemble_rows(prompts, str(tmp_path / "ens64"), float64=True)
   for name, run in trained_runs.items():
     code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{run}'", "--gin.BATCH_SIZE=64"])
@@ -309,7 +335,7 @@ def test_ensemble_on_a_4_device_mesh_equals_one_device(ensembled, ensembled64, p
                                 f"--gin.ENSEMBLE_PROMPTS={dict(prompt_files)!r}"] + COMMON,
                                devices=4, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:]
-  name = f"{TASK}-predictions.jsonl"
+  name = f"{TASK}-validation-predictions.jsonl"
   one = [json.loads(l) for l in open(os.path.join(model_dir, "ensemble", name))]
   four = [json.loads(l) for l in open(out_dir / "ensemble" / name)]
   answers = {name: ("predictions", name) for name in prompt_files}

@@ -50,11 +50,11 @@ def test_real_prompts_ensemble_end_to_end_on_real_rte(real_prompts, shared_data,
       "--gin.INITIAL_CHECKPOINT_PATH=None", "--gin.BATCH_SIZE=6", f"--gin.MODEL_DIR='{model_dir}'",
       f"--gin.ENSEMBLE_PROMPTS={real_prompts!r}"])
   assert code == 0, err
-  report = json.load(open(model_dir / "ensemble" / "super_glue_rte_v102.json"))
+  report = json.load(open(model_dir / "ensemble" / "super_glue_rte_v102-validation.json"))
   assert report["num_examples"] == EXAMPLES and report["rank_classification"]
   assert [p["length"] for p in report["prompts"]] == [100, 100, 100]
   rows = [json.loads(l) for l in open(model_dir / "ensemble" /
-                                      "super_glue_rte_v102-predictions.jsonl")]
+                                      "super_glue_rte_v102-validation-predictions.jsonl")]
   assert all(set(r["predictions"]) == set(NAMES) for r in rows)
   labels = {"entailment", "not_entailment"}
   assert all(r["majority_vote"] in labels and r["mean_log_likelihood"] in labels for r in rows)

@@ -76,6 +76,18 @@ def test_wsc_simple_matches_referents_like_t5():
   assert task.postprocess_fn("", example=example, is_target=True) == 1
 
 
+def test_wsc_simple_empty_prediction_is_invalid_like_t5():
+  """T5 returns -1 for a prediction that is empty once cleaned: 0 would match a negative label."""
+  example = {"targets_pretokenized": b"the boy", "label": 0}
+  task = tasks.get_task("super_glue_wsc_v102_simple_eval")
+  assert [task.postprocess_fn(p, example=example, is_target=False)
+          for p in ["", "the", "  The ", "the boy", "pony"]] == [-1, -1, -1, 1, 0]
+  # An empty prediction is never right, whatever the label.
+  target = task.postprocess_fn("", example=example, is_target=True)
+  prediction = task.postprocess_fn("the", example=example, is_target=False)
+  assert metrics.accuracy([target], [prediction]) == {"accuracy": 0.0}
+
+
 def test_metrics_reject_unpaired_inputs():
   with pytest.raises(ValueError, match="2 targets but 1 predictions"):
     metrics.accuracy([0, 1], [0])

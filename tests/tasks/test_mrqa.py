@@ -1,7 +1,9 @@
 """MRQA tasks: T5's SQuAD format on the real MRQA SQuAD dev file, mixtures, metrics wiring."""
 import pytest
+import tensorflow as tf
 
 from prompt_jax import tasks
+from prompt_jax.tasks import preprocessors
 from prompt_jax.tasks.inspect import text_examples
 
 
@@ -11,7 +13,7 @@ def test_squad_dev_example_in_t5_squad_format(data_root):
       "Super Bowl 50 was an American football game to determine the champion of the National "
       "Football League ( NFL ) for the 2015 season . The American Football Conference ( AFC ) "
       "champion Denver Broncos defeated the National Football Conference ( NFC ) champion "
-      "Carolina Panthers 24 \u2013 10 to earn their third Super Bowl title . The game was played "
+      "Carolina Panthers 24\u201310 to earn their third Super Bowl title . The game was played "
       "on February 7 , 2016 , at Levi ' s Stadium in the San Francisco Bay Area at Santa Clara , "
       "California . As this was the 50th Super Bowl , the league emphasized the \" golden "
       "anniversary \" with various gold - themed initiatives , as well as temporarily suspending "
@@ -24,6 +26,27 @@ def test_squad_dev_example_in_t5_squad_format(data_root):
   assert first["answers"] == ["Denver Broncos"] * 3
   assert first["id"] == "b0626b3af0764c80b1e6f22c114982c1"
   assert second["targets"] == "Carolina Panthers"
+
+
+def test_punctuation_padding_keeps_non_ascii_letters_like_t5():
+  """T5's current `_pad_punctuation` pads `[[:punct:]]` (ASCII punctuation) only: its old `\\W`,
+  ASCII-only in RE2, split "Frédéric" into "Fr é d é ric" and padded the en dash of "24–10"."""
+  raw = {
+      "qid": "q0",
+      "question": "Who is Frédéric Chopin's teacher?",
+      "context": "Frédéric (1810–1849) studied in Warsaw, in Żelazowa Wola's school.",
+      "answers": ["Józef Elsner", "Elsner's"],
+      "detected_answers": {"text": ["Józef Elsner"]},
+  }
+  (ex,) = preprocessors.mrqa(tf.data.Dataset.from_tensors(raw)).as_numpy_iterator()
+  assert ex["question"].decode() == "Who is Frédéric Chopin ' s teacher ? "
+  assert ex["context"].decode() == (
+      "Frédéric ( 1810–1849 ) studied in Warsaw , in Żelazowa Wola ' s school . ")
+  assert ex["inputs"].decode() == (
+      "question: Who is Frédéric Chopin ' s teacher ? context: Frédéric ( 1810–1849 ) studied "
+      "in Warsaw , in Żelazowa Wola ' s school . ")
+  assert ex["targets"].decode() == "Józef Elsner"
+  assert [a.decode() for a in ex["answers"]] == ["Józef Elsner", "Elsner ' s"]
 
 
 def test_squad_dev_has_every_question(data_root):

@@ -196,7 +196,7 @@ def test_ensemble_with_the_model_axis_across_processes_matches_one_process(tmp_p
   _cli_processes(argv("two"), 2)
 
   def rows(d):
-    with open(tmp_path / d / "ensemble" / f"{test_ensemble.TASK}-predictions.jsonl") as f:
+    with open(tmp_path / d / "ensemble" / f"{test_ensemble.TASK}-validation-predictions.jsonl") as f:
       rows = [json.loads(line) for line in f]
     labels = sorted(rows[0]["label_log_likelihood"]["p0"])
     scores = np.array([[[r["label_log_likelihood"][p][l] for l in labels] for p in prompts]

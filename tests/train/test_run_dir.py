@@ -73,6 +73,35 @@ def test_a_methods_relative_file_is_recorded_absolute_and_eval_reads_it_elsewher
   assert os.listdir(second) == []
 
 
+@pytest.mark.parametrize("start", ["prompt_file", "dpt_svd"])
+def test_eval_of_a_run_needs_not_the_file_it_started_from(start, tmp_path):
+  """A run started from PROMPT_FILE (prompts/from_file.gin) or from DPT_PROMPT_FILE's SVD: its
+  checkpoint holds what it trained, so `eval` given MODEL_DIR alone gives the same metrics after
+  that file is deleted (it failed: "PROMPT_FILE ... does not exist", the init being built)."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "start" / "p.npy"
+  path.parent.mkdir()
+  np.save(path, np.random.RandomState(0).randn(8, 64).astype(np.float32))
+  method = (["--gin_file=prompts/from_file.gin", f"--gin.PROMPT_FILE='{path}'"]
+            if start == "prompt_file" else
+            ["--gin_file=prompts/dpt.gin", "--gin.DPT_RANK=4", "--gin.DPT_INIT='svd'",
+             f"--gin.DPT_PROMPT_FILE='{path}'"])
+  model_dir = str(tmp_path / "run")
+  code, _, err = run_cli(["train"] + common.flags(model_dir, 1, "--gin.PROMPT_LENGTH=8",
+                                                  *method))
+  assert code == 0, err
+
+  def evaluated():
+    code, out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=64"])
+    assert code == 0, err
+    with open(os.path.join(model_dir, "eval", "embedded_last_letter-validation-step1.json")) as f:
+      return json.load(f)["metrics"], _accuracy(out)
+
+  before = evaluated()
+  path.unlink()
+  assert evaluated() == before
+
+
 @pytest.fixture(scope="module")
 def dpt_run(tmp_path_factory):
   """3 steps of DPT (rank 4 and 8 prompt tokens, not the method file's 10 and 100) on the
