@@ -5,8 +5,10 @@ Prompts (ENSEMBLE_PROMPTS / PROMPT_BANK: a list of paths, a dict name -> path, o
                        prompt tuning, folded DPT / residual), placed as a prefix
   MODEL_DIR            a trained run: its config.gin names the method; an input-independent one
                        is folded (`MethodSpec.fold`) and joins the bank with its own placement;
-                       an input-dependent one (IDPG, IPT) or a deep prefix runs through its own
-                       module (its trained parameters + the one copy of the frozen weights)
+                       an input-dependent one (IDPG, IPT), a deep prefix, or a run a plain row
+                       cannot hold (a PROMPT_VISIBILITY other than full, or a TRAINABLE_REGEX
+                       wider than its method's: e.g. encoder_norm trained too) runs through its
+                       own module (its trained parameters + the one copy of the frozen weights)
 A directory bank holds *.npy files and run directories (named by file stem / directory name).
 
 The bank prompts are evaluated in batched passes of examples x N rows (`prompts.bank`: the
@@ -54,6 +56,7 @@ from prompt_jax.models import T5
 from prompt_jax.models import decoding
 from prompt_jax.prompts import bank as bank_lib
 from prompt_jax.prompts import specs
+from prompt_jax.prompts import visibility
 from prompt_jax.train import data as data_lib
 from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
@@ -117,6 +120,12 @@ def _isolated_gin():
 
 def run_method(model_dir: str) -> specs.MethodSpec:
   """The method spec a trained MODEL_DIR was trained with (from its config.gin)."""
+  return run_model(model_dir)[0]
+
+
+def run_model(model_dir: str) -> Tuple[specs.MethodSpec, str]:
+  """(method spec, TRAINABLE_REGEX) a trained MODEL_DIR was trained with (from its config.gin);
+  the regex is the run's own (wider than the spec's when it also trained e.g. encoder_norm)."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   path = run_dir.config_path(model_dir)
   with open(path) as f:
@@ -126,12 +135,13 @@ def run_method(model_dir: str) -> specs.MethodSpec:
     try:
       gin.parse_config_files_and_bindings([layering.DEFAULTS_FILE], [], finalize_config=False)
       gin.parse_config(text)
-      spec = run_setup.model_spec().prompt
+      model = run_setup.model_spec()
+      spec, regex = model.prompt, model.trainable_regex
     except (ValueError, KeyError, SyntaxError, IOError) as e:
       raise ConfigError(f"{path}: {layering.first_line(e)}") from e
   if spec is None:
     raise ConfigError(f"{model_dir} is a full fine-tuning run: it has no prompt to ensemble")
-  return spec
+  return spec, regex
 
 
 def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tuple[str, str]]:
@@ -199,18 +209,24 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
   if not os.path.isfile(run_dir.config_path(path)):
     raise ConfigError(f"prompt {name!r}: {path} is neither a .npy file nor a trained MODEL_DIR "
                       f"(no config.gin)")
-  spec = run_method(path)
+  spec, regex = run_model(path)
   source = run_dir.resolve(path)
   if source.checkpoint is None:
     raise ConfigError(f"prompt {name!r}: MODEL_DIR {path} has no checkpoint")
   saved = run_lib.checkpoint_params(source.checkpoint)
-  expected = run_dir.trainable_shapes(run_setup.ModelSpec(config, spec, spec.trainable_regex))
+  # The run's own TRAINABLE_REGEX: a wider one (e.g. encoder_norm too) trained weights beside the
+  # prompt, which its module member uses (a bank row could not hold them).
+  expected = run_dir.trainable_shapes(run_setup.ModelSpec(config, spec, regex))
   problem = run_dir.shape_mismatch(expected, {k: v.shape for k, v in saved.items()})
   if problem:
     raise ConfigError(f"prompt {name!r}: {path} does not fit this frozen model ({problem}); "
                       f"were the widths H the same?")
   method = spec.name
-  if not spec.input_dependent:
+  # A bank row is a plain [P, H] prompt under full visibility: only a run that trained nothing
+  # but its prompt (its spec's own regex) with full attention visibility folds into one; any
+  # other runs through its own module, as it does alone.
+  if (not spec.input_dependent and regex == spec.trainable_regex
+      and visibility.parse(spec.visibility) is None):
     folded = spec.fold(trees.unflatten(saved), config)
     if set(folded) == {"prompt"}:
       prompt = np.asarray(jax.device_get(folded["prompt"]), np.float32)

@@ -182,6 +182,15 @@ def predict_tokens(run, encoder_inputs: np.ndarray, *, batch_size: int, max_deco
   return [until_eos(row) for row in tokens]
 
 
+def mixture_task_name(mixture_name: str, task_id: int,
+                      task_names: Sequence[str]) -> Optional[str]:
+  """The name, among `task_names`, of a multi-task mixture's copy of its `task_id`-th task
+  (tasks/multitask.py `copy_name`: its labels are its task's), or None if not exactly one."""
+  prefix = f"{mixture_name}__{task_id}_"
+  named = [n for n in task_names if n.startswith(prefix)]
+  return named[0] if len(named) == 1 else None
+
+
 def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Evaluator:
   key = (cfg.mixture_or_task_name, cfg.module, cfg.split, cfg.use_cached, cfg.seed,
          tuple(sorted(cfg.task_feature_lengths.items())), log_dir)  # all the evaluator reads
@@ -225,10 +234,10 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
       task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])
       # seqio evaluates a mixture one task at a time: the ids name the mixture's task copy
       # (tasks/multitask.py `copy_name`), whose labels are its task's.
-      prefix = f"{cfg.mixture_or_task_name}__{int(task_ids[0])}_"
-      named = [t.name for t in evaluator.eval_tasks if t.name.startswith(prefix)]
-      if len(set(task_ids.tolist())) == 1 and len(named) == 1:
-        task_name = named[0]
+      named = mixture_task_name(cfg.mixture_or_task_name, int(task_ids[0]),
+                                [t.name for t in evaluator.eval_tasks])
+      if len(set(task_ids.tolist())) == 1 and named:
+        task_name = named
     labels = None
     if rank_classification is not False and task_name:
       labels = label_set(task_name)

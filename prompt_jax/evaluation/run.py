@@ -6,6 +6,7 @@ of MODEL_DIR (`train.run_dir.resolve`). Given a trained MODEL_DIR, the CLI has a
 its config.gin under your files and flags, so MODEL_DIR is all these need.
 """
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -214,10 +215,25 @@ def infer(*, model_dir: str = gin.REQUIRED,
                for ex in examples]
     name = result_stem(task.name, dataset_cfg.split) + ".jsonl"
   labels = inference.label_set(task.name)
-  tokens = inference.predict_tokens(run, tokens_in, batch_size=dataset_cfg.batch_size,
-                                    max_decode_length=dataset_cfg.task_feature_lengths["targets"],
-                                    labels=labels, vocabulary=vocabulary, progress="infer",
-                                    decoding_cfg=decoding_cfg, task_ids=task_ids)
+  predict = functools.partial(inference.predict_tokens, run, batch_size=dataset_cfg.batch_size,
+                              max_decode_length=dataset_cfg.task_feature_lengths["targets"],
+                              vocabulary=vocabulary, progress="infer",
+                              decoding_cfg=decoding_cfg)
+  subtasks = ([t.name for t in task.tasks]
+              if hasattr(task, "tasks") and not hasattr(task, "preprocessors") else [])
+  if labels is None and subtasks and task_ids is not None:
+    # A multi-task mixture: each row is predicted as `eval` predicts its task's rows
+    # (inference.evaluate), rank-classified on its task copy's labels, else decoded; the rows
+    # keep the mixture's order.
+    tokens = [None] * len(tokens_in)
+    for k in sorted(set(task_ids.tolist())):
+      rows = np.flatnonzero(task_ids == k)
+      sub = inference.mixture_task_name(task.name, int(k), subtasks)
+      for r, tok in zip(rows, predict(tokens_in[rows], task_ids=task_ids[rows],
+                                      labels=inference.label_set(sub) if sub else None)):
+        tokens[r] = tok
+  else:
+    tokens = predict(tokens_in, labels=labels, task_ids=task_ids)
   predictions = [vocabulary.decode([int(t) for t in pred]) for pred in tokens]
   out = os.path.join(model_dir, INFERENCE_DIR, name)
   if jax.process_index() == 0:

@@ -25,6 +25,20 @@ def _exported(model_dir, step, name):
                               f"encoder.prompt.prompt.{name}.npy"))
 
 
+# `prompt-jax` printing the label set of each `inference.predict_tokens` call.
+RECORD_LABELS = """
+import sys
+from prompt_jax import cli
+from prompt_jax.evaluation import inference
+_predict = inference.predict_tokens
+def predict_tokens(*args, labels=None, **kwargs):
+  print("predict_tokens labels=%s" % (list(labels) if labels else None), flush=True)
+  return _predict(*args, labels=labels, **kwargs)
+inference.predict_tokens = predict_tokens
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def test_two_task_mixture_trains_each_tasks_prompt(tmp_path):
   model_dir = str(tmp_path / "run")
   out = common.cli_subprocess(_argv(model_dir, 3, MIXTURE, "--gin.NUM_TASKS=2"), timeout=600)
@@ -39,14 +53,40 @@ def test_two_task_mixture_trains_each_tasks_prompt(tmp_path):
   # validation split interleave the tasks; each row is decoded with its own task's prompt).
   out = common.cli_subprocess(["infer", "--gin_file=runs/prompt_infer.gin",
                                f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8"],
-                              timeout=600)
+                              timeout=600, python_code=RECORD_LABELS)
   assert out.returncode == 0, out.stdout[-3000:]
+  # Rank classification, never free decoding (whose answers need not be labels): a mixture has
+  # no label set, each of its tasks has.
+  used = [l for l in out.stdout.splitlines() if l.startswith("predict_tokens labels=")]
+  assert used and all(l == "predict_tokens labels=['a', 'b', 'c', 'd']" for l in used), used
   path = os.path.join(model_dir, "inference", "embedded_last_first-validation.jsonl")
   with open(path) as f:
     rows = [json.loads(line) for line in f]
   assert len(rows) == 2 * 256 and {r["task"] for r in rows} == {0, 1}
   first_batch = {r["task"] for r in rows[:8]}
   assert first_batch == {0, 1}, first_batch
+  # Each row is rank-classified on its own task's labels ('abcd'), as `eval` predicts it: the
+  # same prediction as infer on that task (the mixture's copy, whose rows carry the task index).
+  assert all(r["prediction"] in list("abcd") for r in rows), [r["prediction"] for r in rows]
+  copies = ["embedded_last_first__0_embedded_last_letter",
+            "embedded_last_first__1_embedded_first_letter"]
+
+  def infer_task(name):
+    return common.cli_subprocess(["infer", "--gin_file=runs/prompt_infer.gin",
+                                  f"--gin.MODEL_DIR='{model_dir}'", "--gin.BATCH_SIZE=8",
+                                  f"--gin.MIXTURE_OR_TASK_NAME='{name}'"], timeout=600)
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    outs = list(pool.map(infer_task, copies))
+  for k, (name, out) in enumerate(zip(copies, outs)):
+    assert out.returncode == 0, out.stdout[-3000:]
+    with open(os.path.join(model_dir, "inference", f"{name}-validation.jsonl")) as f:
+      alone = {}
+      for line in f:
+        row = json.loads(line)
+        alone.setdefault(row["inputs"], set()).add(row["prediction"])
+    mine = [r for r in rows if r["task"] == k]
+    assert len(mine) == 256 and all(alone[r["inputs"]] == {r["prediction"]} for r in mine), k
 
 
 BAD = {
