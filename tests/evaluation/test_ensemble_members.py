@@ -9,7 +9,7 @@ import pytest
 
 from prompt_jax.evaluation import ensemble
 from tests import numerics
-from tests.evaluation.test_ensemble import COMMON, TASK, ensemble_rows, near_ties, run_cli
+from tests.evaluation.test_ensemble import TASK, ensemble_rows, near_ties, run_cli
 
 RUNS = {
     # input positions cannot see the prompt: the encoder's mask, not the prompt, differs
