@@ -211,11 +211,14 @@ def _as_float(value) -> float:
 
 def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: int,
              rank_classification: Optional[bool] = None,
-             decoding_cfg: Optional[DecodingConfig] = None) -> Dict[str, float]:
+             decoding_cfg: Optional[DecodingConfig] = None,
+             log_dir: Optional[str] = None) -> Dict[str, float]:
   """seqio.Evaluator metrics of the task(s) of `cfg` (rank classification if labels exist, else
-  decoding by `decoding_cfg`, default the gin-configured `decoding_config()`)."""
+  decoding by `decoding_cfg`, default the gin-configured `decoding_config()`), logged to
+  TensorBoard under MODEL_DIR/`log_dir` (default inference_eval, training's curve)."""
   decoding_cfg = decoding_cfg or decoding_config()
-  log_dir = os.path.join(model_dir, summaries.INFERENCE_EVAL_DIR) if model_dir else None
+  log_dir = (os.path.join(model_dir, log_dir or summaries.INFERENCE_EVAL_DIR) if model_dir
+             else None)
   evaluator = _evaluator(cfg, log_dir)
   max_decode_length = cfg.task_feature_lengths["targets"]
 

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Dict, Optional, Sequence
 
+from etils import epath
 import gin
 import jax
 import numpy as np
@@ -110,14 +111,17 @@ def evaluate(*, model_dir: Optional[str] = None,
              prompt_file: Optional[str] = None, num_partitions: int = 1,
              model: Optional[run_setup.ModelSpec] = None) -> EvalResult:
   """seqio.Evaluator metrics (rank classification when the task declares its labels), logged to
-  TensorBoard at the checkpoint's step (MODEL_DIR/inference_eval/<task>, beside training's
-  curve) and written as JSON."""
+  TensorBoard at the checkpoint's step (under MODEL_DIR/`summary_dir`: training's
+  inference_eval curve only for the run's own checkpoint on the split training evaluated) and
+  written as JSON."""
   decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
   step = source.step or 0
-  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step, decoding_cfg=decoding_cfg)
+  log_dir = summary_dir(model_dir, source, prompt_file, dataset_cfg.split) if model_dir else None
+  metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step, decoding_cfg=decoding_cfg,
+                               log_dir=log_dir)
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   out = None
   if model_dir and jax.process_index() == 0:
@@ -128,6 +132,66 @@ def evaluate(*, model_dir: Optional[str] = None,
                                  "prompt_file": prompt_file, "split": dataset_cfg.split,
                                  "metrics": metrics}, indent=1, sort_keys=True) + "\n")
   return EvalResult(metrics=metrics, metrics_file=out, step=source.step)
+
+
+def summary_dir(model_dir: str, source: run_dir.RunDir, prompt_file: Optional[str],
+                split: str) -> str:
+  """Where, under MODEL_DIR, eval's TensorBoard points go (seqio tags them
+  `<task>/eval/<metric>`, naming no split, and `sweep report` keeps the latest write of a step):
+
+  - training's own curve, `inference_eval`, only for the run's own checkpoint on the split its
+    training evaluated (its config.gin's), which re-evaluates a point of that curve; or when
+    MODEL_DIR holds no training run (no config.gin: a sweep's MODEL_DIR/eval, a fresh dir), as
+    t5x's eval writes to its output dir's inference_eval;
+  - `inference_eval_<split>` for the run's own checkpoint on another split (test accuracy never
+    lands in the validation curve);
+  - `inference_eval_<split>_<result_label>` for a PROMPT_FILE (step 0) or another run's
+    checkpoint: a TensorBoard run of its own, as its JSON result has its own file, so it is
+    neither a point of training's curve (nor a 'best' of it) nor mixed with another prompt's.
+  """
+  base = summaries.INFERENCE_EVAL_DIR
+  config = run_dir.config_path(model_dir)
+  trained_here = epath.Path(config).is_file()
+  if prompt_file or (trained_here and not source.own):
+    return f"{base}_{split}_{result_label(source, prompt_file)}"
+  if not trained_here or split == trained_eval_split(config):
+    return base
+  return f"{base}_{split}"
+
+
+def trained_eval_split(config_file: str) -> Optional[str]:
+  """The split of the run's inference evaluation during training, as its config.gin says: the
+  split of the DatasetConfig that `train.infer_eval_dataset_cfg` names (scope `infer_eval`),
+  EVAL_SPLIT unless the scope binds its own; None if the file does not say."""
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+
+  class _Delegate(config_parser.ParserDelegate):
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+      return ("@", scoped_configurable_name)
+
+    def macro(self, macro_name):
+      return ("%", macro_name)
+
+  bindings = {}  # (scope, selector's last name, parameter) -> value; macros: ("", NAME, "")
+  try:
+    for statement in config_parser.ConfigParser(epath.Path(config_file).read_text(),
+                                                _Delegate()):
+        if isinstance(statement, config_parser.BindingStatement):
+          bindings[(statement.scope or "", statement.selector.rsplit(".", 1)[-1],
+                    statement.arg_name)] = statement.value
+  except Exception:  # pylint: disable=broad-except  (an unreadable file: say nothing)
+    return None
+  ref = bindings.get(("", "train", "infer_eval_dataset_cfg"))
+  scope = "infer_eval"
+  if isinstance(ref, tuple) and len(ref) == 2 and ref[0] == "@" and "/" in ref[1]:
+    scope = ref[1].rsplit("/", 1)[0]
+  value = bindings.get((scope, "DatasetConfig", "split"),
+                       bindings.get(("", "DatasetConfig", "split")))
+  for _ in range(10):  # a macro (EVAL_SPLIT), possibly of a macro
+    if not (isinstance(value, tuple) and len(value) == 2 and value[0] == "%"):
+      break
+    value = bindings.get(("", value[1], ""))
+  return value if isinstance(value, str) else None
 
 
 def result_stem(task_name: str, split: str, *labels: str) -> str:

@@ -1,6 +1,7 @@
 """Trainer on the embedded tiny T5, in-process (1 device): frozen params, optimizer state,
 kill/restart resume, and the bad-input errors of `prompt-jax train`."""
 import io
+import json
 import contextlib
 import os
 
@@ -350,3 +351,50 @@ def test_evaluators_are_cached_per_everything_they_read():
   assert inference._evaluator(cfg, None) is first  # pylint: disable=protected-access
   other = inference._evaluator(dataclasses.replace(cfg, seed=1), None)  # pylint: disable=protected-access
   assert other is not first
+
+
+def _inference_eval_scalars(model_dir: str, subdir: str = "inference_eval"):
+  """{(task dir, tag): {step: value}} of every scalar under MODEL_DIR/<subdir>."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out = {}
+  root = os.path.join(model_dir, subdir)
+  for f in glob.glob(os.path.join(root, "**", "events.out.tfevents*"), recursive=True):
+    for event in tf.compat.v1.train.summary_iterator(f):
+      for v in event.summary.value:
+        value = float(tf.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
+        out.setdefault((os.path.relpath(os.path.dirname(f), root), v.tag),
+                       []).append((event.step, value))
+  return out
+
+
+def test_eval_of_another_split_or_a_prompt_file_leaves_trainings_curve_alone(trained):
+  """`eval` on the test split, and of a PROMPT_FILE, write their TensorBoard points to their
+  own directories: training's inference_eval curve (validation, which `sweep report` reads as
+  the run's) keeps exactly its points."""
+  import gin  # pylint: disable=g-import-not-at-top
+  model_dir, _ = trained
+  before = _inference_eval_scalars(model_dir)
+  assert any(steps and steps[-1][0] == 4 for steps in before.values()), before
+  prompt = os.path.join(model_dir, "numpy_checkpoints", "checkpoint_4", common.PROMPT_NPY)
+  try:
+    code, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", "--gin.EVAL_SPLIT='test'"])
+    assert code == 0, err
+    code, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'",
+                         f"--gin.PROMPT_FILE='{prompt}'"])
+    assert code == 0, err
+  finally:
+    gin.clear_config()
+  assert _inference_eval_scalars(model_dir) == before
+  test = _inference_eval_scalars(model_dir, "inference_eval_test")
+  assert test and all([st for st, _ in v] == [4] for v in test.values()), test
+  with open(os.path.join(model_dir, "eval",
+                         "embedded_last_letter-test-step4.json")) as f:
+    result = json.load(f)
+  assert result["split"] == "test"
+  assert (("embedded_last_letter", "eval/accuracy") in test
+          and test[("embedded_last_letter", "eval/accuracy")][0][1]
+          == pytest.approx(result["metrics"]["embedded_last_letter/accuracy"]))
+  prompt_dirs = [d for d in os.listdir(model_dir)
+                 if d.startswith("inference_eval_validation_encoder.prompt.prompt.prompt-")]
+  assert len(prompt_dirs) == 1, os.listdir(model_dir)
