@@ -311,13 +311,19 @@ def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prom
       "prompt_tuning (file)", "Residual", "IDPG", "DeepPrefix"], report["prompts"]
   rows = [json.loads(l) for l in open(model_dir / "ensemble" / f"{TASK}-validation-predictions.jsonl")]
   _, rows64 = ensemble_rows(prompts, str(tmp_path / "ens64"), float64=True)
-  for name, run in trained_runs.items():
+  # Folded residual: another program than its run's (the MLP applied once, then banked);
+  # IDPG / prefix: the module of the run alone. Answers equal up to float32 near-ties.
+  assert_each_run_equals_its_infer(trained_runs, rows, rows64)
+
+
+def assert_each_run_equals_its_infer(runs, rows, rows64):
+  """Each run's predictions in the ensemble `rows` equal `prompt-jax infer` of the run alone, up
+  to float32 near-ties (judged on the float64 ensemble `rows64`)."""
+  for name, run in runs.items():
     code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{run}'", "--gin.BATCH_SIZE=64"])
     assert code == 0, err
     got = [json.loads(l)["prediction"] for l in open(os.path.join(
         run, "inference", f"{TASK}-validation.jsonl"))]
-    # Folded residual: another program than its run's (the MLP applied once, then banked);
-    # IDPG / prefix: the module of the run alone. Answers equal up to float32 near-ties.
     numerics.assert_same_choices(got, [r["predictions"][name] for r in rows],
                                  near_ties(rows, rows64, name), what=name)
 

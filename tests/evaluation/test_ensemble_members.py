@@ -3,13 +3,12 @@ a TRAINABLE_REGEX wider than the method's) join an ensemble as their own module 
 everything the run trained: each equals its run alone (they were silently folded into a row,
 losing the visibility mask and the extra trained weights)."""
 import json
-import os
 
 import pytest
 
 from prompt_jax.evaluation import ensemble
-from tests import numerics
-from tests.evaluation.test_ensemble import TASK, ensemble_rows, near_ties, run_cli
+from tests.evaluation.test_ensemble import (TASK, assert_each_run_equals_its_infer,
+                                            ensemble_rows, run_cli)
 
 RUNS = {
     # input positions cannot see the prompt: the encoder's mask, not the prompt, differs
@@ -51,10 +50,4 @@ def test_each_such_run_in_the_ensemble_equals_the_run_alone(trained, tmp_path):
   report = json.load(open(model_dir / "ensemble" / f"{TASK}-validation.json"))
   assert [p["method"] for p in report["prompts"]] == ["PromptTuning"] * 2, report["prompts"]
   _, rows64 = ensemble_rows(trained, str(tmp_path / "ens64"), float64=True)
-  for name, run in trained.items():
-    code, _, err = run_cli(["infer", f"--gin.MODEL_DIR='{run}'", "--gin.BATCH_SIZE=64"])
-    assert code == 0, err
-    got = [json.loads(l)["prediction"] for l in open(os.path.join(
-        run, "inference", f"{TASK}-validation.jsonl"))]
-    numerics.assert_same_choices(got, [r["predictions"][name] for r in rows],
-                                 near_ties(rows, rows64, name), what=name)
+  assert_each_run_equals_its_infer(trained, rows, rows64)
