@@ -210,6 +210,15 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
     raise ConfigError(f"prompt {name!r}: {path} is neither a .npy file nor a trained MODEL_DIR "
                       f"(no config.gin)")
   spec, regex = run_model(path)
+  try:  # a multi-task prompt reads each example's task id, which no member is given
+    spec.check_features(("inputs", "targets"))
+  except ConfigError:
+    tasks = getattr(spec, "num_tasks", None)
+    raise ConfigError(f"prompt {name!r}: {path} is a multi-task prompt run ({spec.name}"
+                      f"{f', NUM_TASKS={tasks}' if tasks else ''}) whose prompt depends on each "
+                      f"example's task id, which an ensemble or bank member is not given; "
+                      f"evaluate it alone on its multi-task mixture (prompt-jax eval or infer), "
+                      f"or leave it out") from None
   source = run_dir.resolve(path)
   if source.checkpoint is None:
     raise ConfigError(f"prompt {name!r}: MODEL_DIR {path} has no checkpoint")
@@ -416,17 +425,17 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
   """Evaluates N prompts (`prompts`, ENSEMBLE_PROMPTS) and their ensemble on a task split."""
   decoding_cfg = inference.decoding_config()
   model = model or run_setup.model_spec()
-  task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
+  task = data_lib.checked_task(dataset_cfg)
   if hasattr(task, "tasks") and not hasattr(task, "preprocessors"):
     raise ConfigError(f"ensemble-eval evaluates one task, and {task.name} is a mixture: set "
                       f"MIXTURE_OR_TASK_NAME to one of its tasks")
-  data_lib.check_split(task, dataset_cfg.split)
   vocabulary = task.output_features["targets"].vocabulary
   members = [load_member(n, p, model.config, vocabulary)
              for n, p in prompt_sources(prompts)]
+  evaluator = inference._evaluator(dataset_cfg, None)  # pylint: disable=protected-access
+  inference.check_examples(evaluator, dataset_cfg.split)  # before the model loads
   server = serve(members, model, dataset_cfg, initial_checkpoint_path, num_partitions,
                  vocabulary)
-  evaluator = inference._evaluator(dataset_cfg, None)  # pylint: disable=protected-access
   labels = inference.label_set(task.name)
   label_ids = inference.label_tokens(labels, vocabulary) if labels else None
   max_decode_length = dataset_cfg.task_feature_lengths["targets"]
@@ -530,8 +539,7 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
   if inputs:
     raise ConfigError("with PROMPT_BANK, infer reads the task split, where each example names "
                       "its prompt; --input texts name none (use PROMPT_FILE for one prompt)")
-  task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-  data_lib.check_split(task, dataset_cfg.split)
+  task = data_lib.checked_task(dataset_cfg)
   subtasks = list(task.tasks) if hasattr(task, "tasks") and not hasattr(
       task, "preprocessors") else [task]
   vocabulary = task.output_features["targets"].vocabulary
@@ -562,6 +570,8 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
     groups.append((sub, np.stack(tokens) if tokens else np.zeros((0, lengths["inputs"]),
                                                                   np.int32),
                    np.array(which, np.int32), texts, targets))
+  if not any(len(g[2]) for g in groups):
+    raise inference.no_examples(task.name, dataset_cfg.split)
   server = serve(members, model, dataset_cfg, initial_checkpoint_path, num_partitions,
                  vocabulary)
   rows = []

@@ -19,6 +19,7 @@ import seqio
 
 from prompt_jax import partitioning
 from prompt_jax import trees
+from prompt_jax.errors import ConfigError
 from prompt_jax.models import decoding
 from prompt_jax.models.decoding import DecodingConfig
 from prompt_jax.train import data as data_lib
@@ -35,23 +36,14 @@ def decoding_config(method: str = "greedy", beam_size: int = 4,
   return DecodingConfig(method=method, beam_size=beam_size, alpha=alpha)
 
 
-class Labels(list):
-  """Label texts; `sentinel`: the task's targets start with <extra_id_0>, so `label_tokens`
-  starts every candidate with it."""
-
-  def __init__(self, texts: Sequence[str] = (), sentinel: bool = False):
-    super().__init__(texts)
-    self.sentinel = bool(sentinel)
-
-
-def label_set(task_name: str) -> Optional[Labels]:
-  """The task's declared label texts (with `.sentinel`), or None (decode instead)."""
+def label_set(task_name: str) -> Optional[Sequence[str]]:
+  """The task's declared label texts (`registration.LabelSet`: a tuple with `.sentinel`), or
+  None (decode instead)."""
   try:
     from prompt_jax.tasks import registration  # pylint: disable=g-import-not-at-top
   except ImportError:
     return None
-  labels = registration.registered_label_set(task_name)
-  return Labels(labels, getattr(labels, "sentinel", False)) if labels else None
+  return registration.registered_label_set(task_name) or None
 
 
 def label_tokens(labels: Sequence[str], vocabulary,
@@ -205,6 +197,23 @@ def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Eva
   return _EVALUATORS[key]
 
 
+def no_examples(task_name: str, split: str) -> ConfigError:
+  """The one-line error of a task split that yields no examples (an empty data file, or a
+  filter that drops every row): seqio would evaluate nothing and report no metrics."""
+  return ConfigError(f"task {task_name}'s split {split!r} has no examples: check its data "
+                     f"files (empty, or every row filtered out), or name a split that has rows "
+                     f"(EVAL_SPLIT)")
+
+
+def check_examples(evaluator: seqio.Evaluator, split: str) -> None:
+  """`no_examples` for the first of the evaluator's tasks whose split has no rows (read from
+  its cache, before anything is predicted or written)."""
+  for task in evaluator.eval_tasks:
+    ds = evaluator.cached_model_datasets.get(task.name)
+    if ds is None or not list(ds.take(1).as_numpy_iterator()):
+      raise no_examples(task.name, split)
+
+
 def _as_float(value) -> float:
   return float(getattr(value, "value", value))
 
@@ -220,6 +229,7 @@ def evaluate(run, cfg: data_lib.DatasetConfig, model_dir: Optional[str], step: i
   log_dir = (os.path.join(model_dir, log_dir or summaries.INFERENCE_EVAL_DIR) if model_dir
              else None)
   evaluator = _evaluator(cfg, log_dir)
+  check_examples(evaluator, cfg.split)
   max_decode_length = cfg.task_feature_lengths["targets"]
 
   def predict_fn(ds) -> List:

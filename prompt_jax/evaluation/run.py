@@ -8,9 +8,10 @@ its config.gin under your files and flags, so MODEL_DIR is all these need.
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from etils import epath
 import gin
@@ -66,8 +67,7 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
   model = model or run_setup.model_spec()
   mesh = partitioning.create_mesh(num_partitions)
   run_setup.check_batch(dataset_cfg.batch_size, mesh)
-  task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
-  data_lib.check_split(task, dataset_cfg.split)
+  task = data_lib.checked_task(dataset_cfg)  # RANDOM_SEED, TASK_FEATURE_LENGTHS, the split
   if not checkpoint_path and model_dir and not prompt_file:
     checkpoint_path = run_dir.resolve(model_dir).checkpoint
   if not checkpoint_path and not prompt_file and model.prompt is not None:
@@ -221,6 +221,22 @@ def _write_text(path: str, text: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def _split_rows(task, dataset_cfg: data_lib.DatasetConfig) -> List[Tuple[str, Dict]]:
+  """(task name, model features) of every example of the split, once: a task's in order; a
+  mixture's task by task, as seqio's Evaluator reads them (seqio's own mixture sampling stops
+  at the first task to run out, dropping the other tasks' remaining rows), interleaved one row
+  of each task in turn, so batches mix the tasks as training's do."""
+  subtasks = (list(task.tasks) if hasattr(task, "tasks") and not hasattr(task, "preprocessors")
+              else [task])
+  per_task = []
+  for sub in subtasks:
+    cfg = dataclasses.replace(dataset_cfg, mixture_or_task_name=sub.name)
+    ds = data_lib.get_dataset(cfg, num_epochs=1, shard_id=0, num_shards=1,
+                              drop_remainder=False).unbatch()
+    per_task.append([(sub.name, ex) for ex in ds.as_numpy_iterator()])
+  return [row for rows in itertools.zip_longest(*per_task) for row in rows if row is not None]
+
+
 def encode_inputs(texts: Sequence[str], vocabulary, length: int) -> np.ndarray:
   """[N, length] encoder tokens of raw texts (+ EOS), as the task's `inputs` feature."""
   out = np.zeros((len(texts), length), np.int32)
@@ -265,39 +281,35 @@ def infer(*, model_dir: str = gin.REQUIRED,
     texts = list(inputs)
     tokens_in = encode_inputs(texts, inputs_vocab, dataset_cfg.task_feature_lengths["inputs"])
     targets = [None] * len(texts)
+    row_tasks = [task.name] * len(texts)
     name = f"{task.name}-inputs.jsonl"
   else:
-    ds = data_lib.get_dataset(dataset_cfg, num_epochs=1, shard_id=0, num_shards=1,
-                              drop_remainder=False).unbatch()
-    examples = list(ds.as_numpy_iterator())
-    tokens_in = np.stack([ex["encoder_input_tokens"] for ex in examples])
-    if examples and data_lib.TASK_IDS in examples[0]:
-      task_ids = np.stack([ex[data_lib.TASK_IDS] for ex in examples])  # [N]
+    examples = _split_rows(task, dataset_cfg)
+    if not examples:
+      raise inference.no_examples(task.name, dataset_cfg.split)
+    tokens_in = np.stack([ex["encoder_input_tokens"] for _, ex in examples])
+    if data_lib.TASK_IDS in examples[0][1]:
+      task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])  # [N]
     texts = [inputs_vocab.decode([int(t) for t in ex["encoder_input_tokens"] if t > 1])
-             for ex in examples]
+             for _, ex in examples]
     targets = [vocabulary.decode([int(t) for t in ex["decoder_target_tokens"] if t > 1])
-               for ex in examples]
+               for _, ex in examples]
+    row_tasks = [sub for sub, _ in examples]
     name = result_stem(task.name, dataset_cfg.split) + ".jsonl"
-  labels = inference.label_set(task.name)
   predict = functools.partial(inference.predict_tokens, run, batch_size=dataset_cfg.batch_size,
                               max_decode_length=dataset_cfg.task_feature_lengths["targets"],
                               vocabulary=vocabulary, progress="infer",
                               decoding_cfg=decoding_cfg)
-  subtasks = ([t.name for t in task.tasks]
-              if hasattr(task, "tasks") and not hasattr(task, "preprocessors") else [])
-  if labels is None and subtasks and task_ids is not None:
-    # A multi-task mixture: each row is predicted as `eval` predicts its task's rows
-    # (inference.evaluate), rank-classified on its task copy's labels, else decoded; the rows
-    # keep the mixture's order.
-    tokens = [None] * len(tokens_in)
-    for k in sorted(set(task_ids.tolist())):
-      rows = np.flatnonzero(task_ids == k)
-      sub = inference.mixture_task_name(task.name, int(k), subtasks)
-      for r, tok in zip(rows, predict(tokens_in[rows], task_ids=task_ids[rows],
-                                      labels=inference.label_set(sub) if sub else None)):
-        tokens[r] = tok
-  else:
-    tokens = predict(tokens_in, labels=labels, task_ids=task_ids)
+  # Each row is predicted as `eval` predicts its task's rows (inference.evaluate): rank-classified
+  # on its task's labels (a mixture has none; each of its tasks, or multi-task copies, may),
+  # else decoded; the rows keep their order.
+  tokens = [None] * len(tokens_in)
+  for sub in dict.fromkeys(row_tasks):
+    rows = np.flatnonzero(np.array([t == sub for t in row_tasks]))
+    for r, tok in zip(rows, predict(tokens_in[rows],
+                                    task_ids=None if task_ids is None else task_ids[rows],
+                                    labels=inference.label_set(sub))):
+      tokens[r] = tok
   predictions = [vocabulary.decode([int(t) for t in pred]) for pred in tokens]
   out = os.path.join(model_dir, INFERENCE_DIR, name)
   if jax.process_index() == 0:
@@ -308,6 +320,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
         row["targets"] = target
       if task_ids is not None:
         row["task"] = int(task_ids[i])
+      if row_tasks[i] != task.name:  # a mixture's row: the task it came from
+        row["task_name"] = row_tasks[i]
       rows.append(json.dumps(row) + "\n")
     _write_text(out, "".join(rows))
     if inputs:

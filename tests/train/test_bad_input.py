@@ -212,6 +212,9 @@ CASES = [
     Case("infer_random_seed_not_an_integer", lambda c: [
         "infer", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin.RANDOM_SEED='abc'"],
          "RANDOM_SEED must be an integer or None, got 'abc'"),
+    Case("eval_random_seed_not_an_integer", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin.RANDOM_SEED='abc'"],
+         "RANDOM_SEED must be an integer or None, got 'abc'"),  # was accepted
     *(Case(f"loss_normalizing_factor_{name}", lambda c, value=value: train(
         c, f"--gin.LOSS_NORMALIZING_FACTOR={value}"),
            f"LOSS_NORMALIZING_FACTOR must be 'NUM_REAL_TARGET_TOKENS', a positive number or None "

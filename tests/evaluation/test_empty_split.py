@@ -1,0 +1,96 @@
+"""A task split with no examples (an empty data file, or a filter that drops every row) is a
+one-line error naming the task and split from eval, infer, ensemble-eval and infer with
+PROMPT_BANK, with nothing written to MODEL_DIR; and a multi-task prompt run, which needs each
+row's task id, is refused as an ensemble or bank member in one line."""
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+from prompt_jax.embedded import task as embedded_task
+from tests.evaluation.test_ensemble import EMB
+from tests.evaluation.test_ensemble import run_cli
+
+EMPTY = "test_eval_no_rows"
+FLAGS = ["--gin_file=models/embedded_tiny.gin", f"--gin.MIXTURE_OR_TASK_NAME='{EMPTY}'",
+         "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+         "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+         "--gin.BATCH_SIZE=8"]
+
+
+def _no_rows(split, shuffle_files, seed=None):
+  del split, shuffle_files, seed
+  return tf.data.Dataset.from_tensor_slices(
+      {"inputs": tf.constant([], tf.string), "targets": tf.constant([], tf.string)})
+
+
+def _accuracy(targets, predictions):
+  return {"accuracy": 100.0 * float(np.mean([t == p for t, p in zip(targets, predictions)]))}
+
+
+if EMPTY not in seqio.TaskRegistry.names():
+  seqio.TaskRegistry.add(
+      EMPTY, source=seqio.FunctionDataSource(_no_rows, splits=("train", "validation")),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
+                       for k in ("inputs", "targets")},
+      metric_fns=[_accuracy])
+
+
+def _one_line_error(command, argv, model_dir, expected):
+  code, out, err = run_cli([command] + argv)
+  assert code == 2, (out, err)
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith(f"prompt-jax {command}: error:"), err
+  for text in expected:
+    assert text in lines[0], lines[0]
+  written = [str(p) for p in model_dir.rglob("*") if p.is_file()] if model_dir.exists() else []
+  assert not written, written
+
+
+@pytest.mark.parametrize("command", ["eval", "infer", "ensemble-eval", "bank-infer"])
+def test_an_empty_split_is_one_line_and_writes_nothing(command, tmp_path):
+  model_dir = tmp_path / "out"
+  prompt = str(tmp_path / "p.npy")
+  np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
+  argv = [f"--gin.MODEL_DIR='{model_dir}'"] + FLAGS
+  if command in ("eval", "infer"):
+    argv += ["--gin.PROMPT_LENGTH=4", f"--gin.PROMPT_FILE='{prompt}'"]
+  elif command == "ensemble-eval":
+    argv += [f"--gin.ENSEMBLE_PROMPTS={{'a': '{prompt}', 'b': '{prompt}'}}"]
+  else:
+    command = "infer"
+    argv += [f"--gin.PROMPT_BANK={{'{EMPTY}': '{prompt}'}}"]
+  _one_line_error(command, argv, model_dir,
+                  [f"task {EMPTY}'s split 'validation' has no examples"])
+
+
+@pytest.fixture(scope="module")
+def multitask_run(tmp_path_factory):
+  """A 2-step multi-task prompt run (NUM_TASKS=2) on the embedded two-task mixture."""
+  from tests.train import common  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path_factory.mktemp("multitask"))
+  code, _, err = run_cli(["train"] + common.flags(
+      model_dir, 2, "--gin.prompt_jax.train.eval_before_training=False",
+      "--gin_file=prompts/multitask.gin", "--gin.PROMPT_LENGTH=4", "--gin.NUM_TASKS=2",
+      "--gin.MIXTURE_OR_TASK_NAME='embedded_last_first'"))
+  assert code == 0, err
+  return model_dir
+
+
+@pytest.mark.parametrize("command", ["ensemble-eval", "bank-infer"])
+def test_a_multitask_run_is_refused_as_a_member_in_one_line(command, multitask_run, tmp_path):
+  model_dir = tmp_path / "out"
+  prompt = str(tmp_path / "p.npy")
+  np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
+  argv = [f"--gin.MODEL_DIR='{model_dir}'", "--gin_file=models/embedded_tiny.gin",
+          "--gin.MIXTURE_OR_TASK_NAME='embedded_last_letter'",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+          "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+          "--gin.BATCH_SIZE=8"]
+  if command == "ensemble-eval":
+    argv += [f"--gin.ENSEMBLE_PROMPTS={{'mt': '{multitask_run}', 'p': '{prompt}'}}"]
+  else:
+    command = "infer"
+    argv += [f"--gin.PROMPT_BANK={{'embedded_last_letter': '{multitask_run}'}}"]
+  _one_line_error(command, argv, model_dir, ["NUM_TASKS=2", multitask_run])

@@ -1,0 +1,73 @@
+"""`prompt-jax infer` on a plain seqio mixture (no task ids) whose tasks differ in size: every row
+of every task is predicted, once, as `infer` on that task alone predicts it (rank-classified on
+its task's labels), the tasks' rows interleaved and each naming its task.
+
+seqio's own mixture sampling stops at the first task to run out (`stop_on_empty_dataset`), which
+dropped the larger task's remaining rows, and a mixture declares no labels, so its rows were
+decoded freely.
+"""
+import json
+import os
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from prompt_jax.embedded import task as embedded_task
+from prompt_jax.tasks import registration
+from tests.evaluation.test_ensemble import EMB
+from tests.evaluation.test_ensemble import run_cli
+
+SMALL = "test_first_letter_40"  # 40 rows of the embedded first-letter task's validation split
+MIXTURE = "test_plain_unequal_mixture"
+FLAGS = ["--gin_file=models/embedded_tiny.gin", "--gin.PROMPT_LENGTH=4",
+         "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
+         "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
+         "--gin.BATCH_SIZE=8"]
+
+
+def _small(split, shuffle_files, seed=None):
+  del shuffle_files, seed
+  pairs = embedded_task.examples(split, instruction="first")[:40]
+  return tf.data.Dataset.from_tensor_slices(
+      {"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
+
+
+if SMALL not in seqio.TaskRegistry.names():
+  seqio.TaskRegistry.add(
+      SMALL, source=seqio.FunctionDataSource(_small, splits=("validation",)),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
+                       for k in ("inputs", "targets")},
+      metric_fns=[embedded_task.accuracy])
+  registration.register_label_set(SMALL, list(embedded_task.LETTERS))
+if MIXTURE not in seqio.MixtureRegistry.names():
+  seqio.MixtureRegistry.add(MIXTURE, [embedded_task.TASK_NAME, SMALL], default_rate=1.0)
+
+
+def _infer(model_dir, prompt, name):
+  code, out, err = run_cli(["infer", f"--gin.MODEL_DIR='{model_dir}'", *FLAGS,
+                            f"--gin.PROMPT_FILE='{prompt}'",
+                            f"--gin.MIXTURE_OR_TASK_NAME='{name}'"])
+  assert code == 0, (out[-3000:], err[-3000:])
+  with open(os.path.join(model_dir, "inference", f"{name}-validation.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_infer_on_a_plain_mixture_predicts_every_row_as_its_task_alone(tmp_path):
+  prompt = str(tmp_path / "p.npy")
+  np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
+  model_dir = tmp_path / "out"
+  rows = _infer(model_dir, prompt, MIXTURE)
+  sizes = {embedded_task.TASK_NAME: 256, SMALL: 40}
+  assert len(rows) == sum(sizes.values())
+  assert [r["task_name"] for r in rows[:4]] == [embedded_task.TASK_NAME, SMALL] * 2
+  for name, size in sizes.items():
+    mine = [r for r in rows if r["task_name"] == name]
+    alone = _infer(model_dir, prompt, name)
+    assert len(mine) == len(alone) == size, name
+    assert all("task_name" not in r for r in alone)
+    # The same rows, in the task's order, with the same (label) predictions.
+    assert [(r["inputs"], r["targets"], r["prediction"]) for r in mine] == [
+        (r["inputs"], r["targets"], r["prediction"]) for r in alone], name
+    assert {r["prediction"] for r in mine} <= set(embedded_task.LETTERS), name
