@@ -3,8 +3,10 @@
   state <- restore latest MODEL_DIR/checkpoints (or init), frozen <- INITIAL_CHECKPOINT_PATH
   for step in [state.step, TRAIN_STEPS):  batch -> jit step -> (log, summaries, checkpoint, eval)
 """
+import json
 import logging
 import math
+import os
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -26,6 +28,11 @@ from prompt_jax.train import run_dir
 from prompt_jax.train import startup as startup_lib
 from prompt_jax.train import state as state_lib
 from prompt_jax.train import summaries
+
+
+# MODEL_DIR/<this>: the last step whose evaluation finished, with what it evaluated (process 0
+# writes it after both evaluations are written), so that a resume at that step does not redo it.
+EVALUATED_FILE = "last_evaluation.json"
 
 
 def write_config(model_dir: str) -> None:
@@ -60,6 +67,42 @@ def _agreed_count(n: int) -> int:
     return n
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return int(np.max(multihost_utils.process_allgather(np.int32(n))))
+
+
+def _agreed_all(flag: bool) -> bool:
+  """True only where `flag` is true on every process (the same decision everywhere)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.min(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _evaluation_record(step: int, training: Optional[data_lib.DatasetConfig],
+                       inference: Optional[data_lib.DatasetConfig]) -> Dict[str, Any]:
+  """What MODEL_DIR/last_evaluation.json holds: the step and the evaluations' task and split (a
+  resume with another evaluation configuration evaluates its restored step again)."""
+  what = lambda cfg: None if cfg is None else [cfg.mixture_or_task_name, cfg.split]
+  return {"step": step, "training_eval": what(training), "inference_eval": what(inference)}
+
+
+def _record_evaluation(model_dir: str, record: Mapping[str, Any]) -> None:
+  """Records a finished evaluation (process 0; written whole: tmp + replace, as config.gin)."""
+  if jax.process_index() == 0:
+    directory = epath.Path(model_dir)
+    tmp = directory / (EVALUATED_FILE + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(directory / EVALUATED_FILE)
+
+
+def _evaluation_recorded(model_dir: str, record: Mapping[str, Any]) -> bool:
+  """Whether MODEL_DIR/last_evaluation.json records `record`'s evaluation, on every process
+  (a missing or unreadable record: not recorded, the evaluation is redone)."""
+  path = epath.Path(model_dir) / EVALUATED_FILE
+  try:
+    found = path.exists() and json.loads(path.read_text()) == dict(record)
+  except Exception:  # pylint: disable=broad-except  (a garbled record: evaluate again)
+    found = False
+  return _agreed_all(found)
 
 
 def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConfig,
@@ -238,7 +281,16 @@ def train(*, model_dir: str = gin.REQUIRED,
                else None)
   method_summaries = methods.summary_fn(model.prompt)
 
+  evaluated_infer_cfg = infer_eval_dataset_cfg if infer_fn is not None else None
+
   def evaluate(step: int):
+    results = _evaluate(step)
+    # Both evaluations are written: a resume at `step` need not redo them.
+    _record_evaluation(model_dir, _evaluation_record(step, train_eval_dataset_cfg,
+                                                     evaluated_infer_cfg))
+    return results
+
+  def _evaluate(step: int):
     results = {}
     if train_eval_dataset_cfg is not None:
       run.trainable = state.params
@@ -270,10 +322,19 @@ def train(*, model_dir: str = gin.REQUIRED,
     evaluate(0)
   elif eval_period and 0 < start < total_steps and start % eval_period == 0:
     # The run that saved `start` may have stopped (killed, preempted) before or during its
-    # evaluation, which no later step would redo: evaluate it now.
-    summaries.log("evaluating the restored step %d (its run may have stopped before its "
-                  "evaluation finished)", start)
-    evaluate(start)
+    # evaluation, which no later step would redo: evaluate it now, unless its evaluation (of the
+    # same tasks and splits) finished and was recorded.
+    if _evaluation_recorded(model_dir, _evaluation_record(start, train_eval_dataset_cfg,
+                                                          evaluated_infer_cfg)):
+      summaries.log("the evaluation of the restored step %d is already recorded (%s, in %s): "
+                    "not evaluated again", start, os.path.join(model_dir, EVALUATED_FILE),
+                    " and ".join(os.path.join(model_dir, d) for d, cfg in (
+                        (summaries.TRAINING_EVAL_DIR, train_eval_dataset_cfg),
+                        (summaries.INFERENCE_EVAL_DIR, evaluated_infer_cfg)) if cfg is not None))
+    else:
+      summaries.log("evaluating the restored step %d (its run may have stopped before its "
+                    "evaluation finished)", start)
+      evaluate(start)
   for step in range(start, total_steps):
     local = next(stream)
     if model.prompt is not None:

@@ -209,3 +209,48 @@ def test_evaluation_killed_is_redone_on_resume(tmp_path):
   assert resumed.returncode == 0, resumed.stdout[-3000:]
   assert _eval_steps(d) == [2, 4]  # step 2's evaluation redone, step 4 evaluated once
   assert resumed.stdout.count("training_eval step 4:") == 1
+
+
+def test_finished_evaluation_is_not_redone_on_resume(tmp_path):
+  """A run stopped after step 2's evaluation finished (recorded in MODEL_DIR/
+  last_evaluation.json): the resume at step 2 does not evaluate it again."""
+  d = str(tmp_path / "run")
+  argv = run_argv(d, 4, *EVAL_FLAGS)
+  first = common.cli_subprocess(argv + ["--gin.prompt_jax.train.stop_after_step=2"])
+  assert first.returncode == 0, first.stdout[-3000:]
+  assert checkpoint_steps(d) == [2] and _eval_steps(d) == [2]
+  resumed = common.cli_subprocess(argv)
+  assert resumed.returncode == 0, resumed.stdout[-3000:]
+  assert ("the evaluation of the restored step 2 is already recorded "
+          f"({os.path.join(d, 'last_evaluation.json')}, in {os.path.join(d, 'training_eval')})"
+          in resumed.stdout), resumed.stdout[-3000:]
+  assert "evaluating the restored step" not in resumed.stdout
+  assert "training_eval step 2:" not in resumed.stdout
+  assert resumed.stdout.count("training_eval step 4:") == 1
+  assert _eval_steps(d) == [2, 4]
+
+
+def test_evaluation_record_names_the_step_and_what_was_evaluated(tmp_path):
+  """The record is for one step and one evaluation configuration: another step, task or split
+  (or an evaluation added or dropped), a missing or a garbled record all evaluate again."""
+  import types  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  d = str(tmp_path)
+  # (What the record reads of a DatasetConfig; the gin-configurable class would take the
+  # bindings another test of this process left.)
+  cfg = lambda name, split: types.SimpleNamespace(mixture_or_task_name=name, split=split)
+  train_eval, infer_eval = cfg("task_a", "validation"), cfg("task_b", "validation")
+  record = loop._evaluation_record(4, train_eval, infer_eval)
+  assert not loop._evaluation_recorded(d, record)  # no record yet
+  loop._record_evaluation(d, record)
+  assert os.listdir(d) == ["last_evaluation.json"]  # (no .tmp left)
+  assert loop._evaluation_recorded(d, record)
+  for other in (loop._evaluation_record(2, train_eval, infer_eval),
+                loop._evaluation_record(4, cfg("task_c", "validation"), infer_eval),
+                loop._evaluation_record(4, train_eval, cfg("task_b", "test")),
+                loop._evaluation_record(4, train_eval, None),
+                loop._evaluation_record(4, None, infer_eval)):
+    assert not loop._evaluation_recorded(d, other), other
+  with open(os.path.join(d, "last_evaluation.json"), "w") as f:
+    f.write('{"step": 4, "train')  # cut short
+  assert not loop._evaluation_recorded(d, record)
