@@ -28,10 +28,19 @@ def _schedule(learning_rate: float, warmup_steps: int):
 def adafactor(learning_rate: float = 0.3, decay_rate: float = 0.8,
               multiply_by_parameter_scale: bool = False, weight_decay_rate: float = 1e-5,
               factored: bool = False, clipping_threshold: Optional[float] = 1.0,
-              momentum: Optional[float] = None, warmup_steps: int = 0) -> Optimizer:
-  """Lester et al.: constant lr 0.3, decay 0.8, no parameter scaling, wd 1e-5, not factored."""
+              momentum: Optional[float] = None, warmup_steps: int = 0,
+              decay_offset: int = 0) -> Optimizer:
+  """Lester et al.: constant lr 0.3, decay 0.8, no parameter scaling, wd 1e-5, not factored.
+
+  The second-moment decay at the run's step t is 1 - (t - decay_offset + 1)^-decay_rate, t
+  counted from the prompt's first step. t5x's Adafactor (google-research/prompt-tuning, `t5x.train`
+  with gin/t5x) counts from the global step, which continues the initial checkpoint's (1,100,000
+  for the lm100k checkpoints): its second moment starts at zero and barely decays, so every
+  update is clipped to RMS 1 for tens of thousands of steps. `decay_offset = -<that step>` gives
+  those updates exactly (tests/t5x/test_adafactor_decay.py).
+  """
   schedule = _schedule(learning_rate, warmup_steps)
-  tx = optax.adafactor(learning_rate=schedule, decay_rate=decay_rate,
+  tx = optax.adafactor(learning_rate=schedule, decay_rate=decay_rate, decay_offset=decay_offset,
                        multiply_by_parameter_scale=multiply_by_parameter_scale,
                        weight_decay_rate=weight_decay_rate, factored=factored,
                        clipping_threshold=clipping_threshold, momentum=momentum)
