@@ -226,8 +226,7 @@ def _split_rows(task, dataset_cfg: data_lib.DatasetConfig) -> List[Tuple[str, Di
   mixture's task by task, as seqio's Evaluator reads them (seqio's own mixture sampling stops
   at the first task to run out, dropping the other tasks' remaining rows), interleaved one row
   of each task in turn, so batches mix the tasks as training's do."""
-  subtasks = (list(task.tasks) if hasattr(task, "tasks") and not hasattr(task, "preprocessors")
-              else [task])
+  subtasks = data_lib.mixture_tasks(task, dataset_cfg.split) or [task]
   per_task = []
   for sub in subtasks:
     cfg = dataclasses.replace(dataset_cfg, mixture_or_task_name=sub.name)

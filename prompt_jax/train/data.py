@@ -144,6 +144,14 @@ def _user_data_error(e: BaseException) -> Optional[str]:
   return None
 
 
+def mixture_tasks(task, split: str) -> List[seqio.Task]:
+  """The tasks of a seqio mixture that have `split` (in seqio's order, as its Evaluator and
+  `Mixture.get_dataset` take them), or [] for a task."""
+  if not hasattr(task, "tasks") or hasattr(task, "preprocessors"):
+    return []
+  return [t for t in task.tasks if split in t.splits]
+
+
 def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
                 shard_id: Optional[int] = None, num_shards: Optional[int] = None,
                 start_position: int = 0, drop_remainder: bool = True) -> tf.data.Dataset:
@@ -155,10 +163,19 @@ def get_dataset(cfg: DatasetConfig, *, num_epochs: Optional[int] = None,
                       f"{num_shards} processes")
   task = checked_task(cfg)
   with user_data_errors():
-    ds = task.get_dataset(
+    read = lambda t: t.get_dataset(
         sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
         use_cached=cfg.use_cached, shuffle=cfg.shuffle, seed=cfg.seed, num_epochs=num_epochs,
         shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards))
+    subtasks = mixture_tasks(task, cfg.split)
+    if num_epochs is not None and subtasks:
+      # seqio's mixture sampling stops at the first task to run out (stop_on_empty_dataset),
+      # dropping the other tasks' remaining rows: each task's rows instead, one of each in turn.
+      parts = [read(t) for t in subtasks]
+      ds = tf.data.Dataset.choose_from_datasets(
+          parts, tf.data.Dataset.range(len(parts)).repeat(), stop_on_empty_dataset=False)
+    else:
+      ds = read(task)
     ds = convert(ds, cfg)
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=drop_remainder)
   if start_position:
