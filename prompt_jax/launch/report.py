@@ -5,13 +5,14 @@ training_eval,inference_eval} (read with tensorboard's event loader; gs:// works
 does). Names: `train/<tag>`, `training_eval/<task>/<metric>`, `inference_eval/<task>/<metric>` (as
 the trainer's "final metrics:" line), and `eval/<task>/<metric>` for what the emitted eval jobs
 (`prompt-jax eval`, MODEL_DIR/eval) wrote. A resumed run may have written a step twice: the later
-write wins. "final" is the value at the last step, "best" the max (min for losses). One metric
-serves a whole table or figure (the first pattern any finished job matches); a job without it is
-left empty there, never shown with another metric.
+write wins. "final" is the value at the last step, "best" the max (min for losses) of the finite
+values. One metric serves a whole table or figure (the first pattern any finished job matches); a
+job without it is left empty there, never shown with another metric.
 
 Without a status file (a sweep run from emitted scripts) a job with metrics counts as finished
-('done?') only if its train series reaches TRAIN_STEPS or checkpoints/<TRAIN_STEPS> exists; else
-it is 'incomplete' and stays out of the means.
+('done?') only if its train series reaches TRAIN_STEPS or checkpoints/<TRAIN_STEPS> exists, and
+its training-time evaluations (inference_eval/, training_eval/) reach TRAIN_STEPS too (the final
+evaluation comes after the last checkpoint); else it is 'incomplete' and stays out of the means.
 
 Figures follow Lester et al. (2021) Figure 3: the metric against one axis (`x`), one line per
 value of another (`lines`), a point = mean over the finished jobs there (the seeds, and any
@@ -55,7 +56,8 @@ class JobResult:
     return step, s[step]
 
   def best(self, name: str) -> Optional[Tuple[int, float]]:
-    s = self.series.get(name)
+    """The best finite value (a NaN or inf evaluation is never best); None if there is none."""
+    s = {step: v for step, v in (self.series.get(name) or {}).items() if math.isfinite(v)}
     if not s:
       return None
     pick = min if "loss" in name.rsplit("/", 1)[-1] else max
@@ -143,11 +145,36 @@ def train_steps(job: spec_lib.Job) -> Optional[int]:
     return None  # no config.gin (or unreadable): not known to have finished
 
 
+def _eval_period(job: spec_lib.Job) -> Optional[int]:
+  """EVAL_PERIOD from the job's bindings, else the run's MODEL_DIR/config.gin; None if unknown."""
+  for k, v in reversed(job.bindings):
+    if k == "EVAL_PERIOD":
+      try:
+        return int(v.strip())
+      except ValueError:
+        return None
+  try:
+    with _gfile().GFile(spec_lib.join(job.model_dir, "config.gin")) as f:
+      m = re.search(r"^EVAL_PERIOD\s*=\s*(\d+)\s*$", f.read(), re.M)
+    return int(m.group(1)) if m else None
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
 def reached_end(job: spec_lib.Job, series: Mapping[str, Mapping[int, float]]) -> bool:
-  """Its train series reaches TRAIN_STEPS, or checkpoints/<TRAIN_STEPS> exists."""
+  """Its train series reaches TRAIN_STEPS, or checkpoints/<TRAIN_STEPS> exists; and so does
+  each of its training-time evaluations (`inference_eval/`, `training_eval/`): the trainer
+  writes the last step's summaries and checkpoint before its final evaluation, so a run killed
+  (or still running) there has not finished. With EVAL_PERIOD 0 the trainer evaluates at most
+  before training; with it unknown, a series that evaluated after step 0 must reach the end."""
   steps = train_steps(job)
   if steps is None:
     return False
+  period = _eval_period(job)
+  for k, v in series.items():
+    if k.startswith(("inference_eval/", "training_eval/")) and v and max(v) < steps and \
+        (period or (period is None and max(v) > 0)):
+      return False
   if any(k.startswith("train/") and v and max(v) >= steps for k, v in series.items()):
     return True
   try:

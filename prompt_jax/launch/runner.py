@@ -117,9 +117,16 @@ def _command(job: spec_lib.Job) -> List[str]:
   return ["prompt-jax"] + job.train_args()
 
 
+def _interrupted(entry: Dict) -> bool:
+  """`running` (its runner died) or `pending` after an attempt (stopped, preempted)."""
+  return entry.get("state") == RUNNING or bool(entry.get("state") == PENDING
+                                               and entry.get("attempts"))
+
+
 def command_changed(entry: Dict, job: spec_lib.Job) -> bool:
-  """A done or failed job last ran another command."""
-  return entry.get("state") in (DONE, FAILED) and entry.get("command") not in (None, _command(job))
+  """A done, failed or interrupted job last ran another command."""
+  return (entry.get("state") in (DONE, FAILED) or _interrupted(entry)) and \
+      entry.get("command") not in (None, _command(job))
 
 
 def has_checkpoints(model_dir: str) -> bool:
@@ -128,6 +135,13 @@ def has_checkpoints(model_dir: str) -> bool:
     return any(name.isdigit() for name in os.listdir(os.path.join(model_dir, "checkpoints")))
   except OSError:
     return False
+
+
+def model_dir_gone(model_dir: str) -> bool:
+  """Nothing of a run is left: no config.gin (written when training starts) and no checkpoint.
+  Pruned checkpoints alone leave the run (its config.gin and evaluations) in place."""
+  return not os.path.exists(os.path.join(model_dir, "config.gin")) and \
+      not has_checkpoints(model_dir)
 
 
 def _flags(command: List[str]) -> Dict[str, object]:
@@ -162,20 +176,22 @@ def _int(text) -> object:
 
 
 def rerun_verdict(entry: Dict, job: spec_lib.Job) -> Optional[Tuple[str, str]]:
-  """What `run` does with a done or failed job that is not simply kept: None (keep it), or
-  ("run", why) to run it (again), or ("refuse", changed flags) when it would resume a trained
-  MODEL_DIR under another configuration (the trainer restores the old run's checkpoint, so the
-  old run's results would be recorded as the new command's).
+  """What `run` does with a done, failed or interrupted (running, or pending after an attempt)
+  job that is not simply kept or resumed: None (keep or resume it), or ("run", why) to run it
+  (again), or ("refuse", changed flags) when it would resume a trained MODEL_DIR under another
+  configuration (the trainer restores the old run's checkpoint, so the old run's results would
+  be recorded as the new command's).
 
-  A done job whose MODEL_DIR (or its checkpoints) is gone runs again from scratch. A changed
-  command resumes only when it raises --gin.TRAIN_STEPS and changes nothing else; a failed job
-  without checkpoints runs any new command (its failure belonged to the old one)."""
+  A done job whose MODEL_DIR is gone (no config.gin, no checkpoint) runs again from scratch. A
+  changed command resumes only when it raises --gin.TRAIN_STEPS and changes nothing else, and
+  only from a checkpoint; a failed or interrupted job without checkpoints runs any new command
+  (nothing of the old one would be restored)."""
   state = entry.get("state")
-  if state == DONE and not has_checkpoints(job.model_dir):
+  if state == DONE and model_dir_gone(job.model_dir):
     return ("run", "MODEL_DIR gone: running again")
   if not command_changed(entry, job):
     return None
-  if state == FAILED and not has_checkpoints(job.model_dir):
+  if state != DONE and not has_checkpoints(job.model_dir):
     return ("run", "command changed: running it")
   old, new = _flags(list(entry["command"])), _flags(_command(job))
   # MODEL_DIR is the job's own directory (<root>/<name>): a moved root changes no configuration.
@@ -187,6 +203,9 @@ def rerun_verdict(entry: Dict, job: spec_lib.Job) -> Optional[Tuple[str, str]]:
   old_steps = _int(_run_steps(job.model_dir, old.get(steps)))
   new_steps = _int(new.get(steps, job.train_steps))
   if changed == [steps] and None not in (old_steps, new_steps) and new_steps > old_steps:
+    if not has_checkpoints(job.model_dir):  # pruned: more steps would silently train anew
+      return ("refuse", f"{steps} {old_steps} -> {new_steps}, but its checkpoints are gone: "
+                        f"nothing to resume from")
     return ("run", "command changed: resuming")
 
   def show(k):
@@ -266,32 +285,33 @@ class _Runner:
       entry.update({"model_dir": job.model_dir, "log": log_path(self.root, job),
                     "group": job.group})
       command = _command(job)
-      if entry["state"] == RUNNING:  # its runner died (we hold the lock): resume it
+      if entry["state"] == RUNNING:  # its runner died (we hold the lock)
         _check_not_running(job, entry.get("pid"))
+      verdict = rerun_verdict(entry, job)
+      if verdict and verdict[0] == "refuse":
+        refused.append((job, verdict[1]))
+      elif _interrupted(entry):  # runner died, stopped or preempted: resume it
         entry["state"] = PENDING
-        self.notes[job.name] = "resuming"
-      elif entry["state"] == PENDING and entry.get("attempts"):
-        self.notes[job.name] = "resuming"  # interrupted or preempted
-      else:
-        verdict = rerun_verdict(entry, job)
-        if verdict and verdict[0] == "refuse":
-          refused.append((job, verdict[1]))
-        elif verdict:
-          # Gone, or more TRAIN_STEPS: the new command (re)trains; more steps resume from the
-          # job's checkpoint as `t5x.train` would.
-          entry.update({"state": PENDING, "error": None})
-          self.notes[job.name] = verdict[1]
+        self.notes[job.name] = verdict[1] if verdict else "resuming"
+      elif verdict:
+        # Gone, or more TRAIN_STEPS: the new command (re)trains; more steps resume from the
+        # job's checkpoint as `t5x.train` would.
+        entry.update({"state": PENDING, "error": None})
+        self.notes[job.name] = verdict[1]
       if entry["state"] == FAILED and retry_failed:
         entry["state"] = PENDING
       if entry["state"] == PENDING:
         entry["command"] = command
     if refused:  # before anything starts: nothing trained under the old command is touched
       job, flags = refused[0]
+      state = entries[job.name]["state"]
+      state = state if state in (DONE, FAILED) else "interrupted"
       more = f" (and {len(refused) - 1} more job(s))" if len(refused) > 1 else ""
       raise ConfigError(
-          f"job {job.name}{more} is {entries[job.name]['state']} under another command "
+          f"job {job.name}{more} is {state} under another command "
           f"(changed: {flags}); `sweep run` resumes a trained job only for a larger "
-          f"--gin.TRAIN_STEPS: use a new --root, or remove {job.model_dir} to train it again")
+          f"--gin.TRAIN_STEPS, from its checkpoint: use a new --root, or remove "
+          f"{job.model_dir} to train it again")
     self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
     self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
     self.durations: List[float] = []

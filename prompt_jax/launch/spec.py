@@ -482,6 +482,10 @@ def build(spec: str, root: Optional[str] = None,
     zip_groups.append(group)
 
   seeds = []
+  if data.get("seeds") is not None and not isinstance(data["seeds"], (list, tuple)):
+    # `seeds: 3` would be the one seed 3, not three seeds.
+    raise ConfigError(f"seeds: {data['seeds']!r} is not a list: seeds must be a list, e.g. "
+                      f"[0, 1, 2]")
   for s in _as_list(data.get("seeds"), "seeds"):
     if isinstance(s, bool) or not isinstance(s, int):
       raise ConfigError(f"seeds: {s!r} is not an integer")

@@ -156,3 +156,47 @@ def test_eval_jobs_results_reach_the_report(tmp_path):
   assert [r["final"] for r in out["rows"]] == [50.0, 51.0, 52.0, 53.0]
   assert all(r["metric"] == "eval/t/accuracy" and r["final/eval/t/accuracy"] != ""
              for r in out["rows"])
+
+
+def test_without_a_status_file_a_run_killed_in_its_final_evaluation_is_incomplete(tmp_path):
+  """The trainer writes the last step's train summaries and checkpoint before the last step's
+  evaluation (EVAL_PERIOD > 0 always evaluates it): a run killed there, or still evaluating, has
+  the previous evaluation as its last, not a final one. A separate eval job's `eval/` series
+  is not the run's own."""
+  from prompt_jax.train import summaries  # pylint: disable=g-import-not-at-top
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0].replace(
+      "{TRAIN_STEPS: 4}", "{TRAIN_STEPS: 4, EVAL_PERIOD: 2}"))
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  killed, killed_tf = sweep.jobs[0], sweep.jobs[1]
+  for job in sweep.jobs:
+    os.makedirs(os.path.join(job.model_dir, "checkpoints", "4"))
+    for step in (2, 4):
+      summaries.writer(job.model_dir, "train").write_scalars(step, {"train/loss": 1.0 / step})
+      if step == 2 or job is not killed:
+        summaries.writer(job.model_dir, "inference_eval", "t").write_scalars(
+            step, {"eval/accuracy": 0.1 * step})
+      if step == 2 or job is not killed_tf:
+        summaries.writer(job.model_dir, "training_eval", "t").write_scalars(
+            step, {"eval/loss": 1.0 / step})
+    summaries.writer(job.model_dir, "eval", "inference_eval", "t").write_scalars(
+        2, {"eval/accuracy": 0.5})  # an eval job of checkpoint 2: not the run's own
+  states = {r.job.name: r.state for r in report.collect(sweep)}
+  assert states[killed.name] == states[killed_tf.name] == "incomplete", states
+  assert [states[j.name] for j in sweep.jobs[2:]] == ["done?", "done?"], states
+  # EVAL_PERIOD 0: evaluated at most before training, nothing at the last step to wait for.
+  no_eval = spec_lib.build(spec, root=sweep.root, overrides=[("EVAL_PERIOD", "0")])
+  assert report.reached_end(no_eval.jobs[0], {"train/loss": {4: 1.0},
+                                              "inference_eval/t/accuracy": {0: 0.1}})
+
+
+def test_best_skips_non_finite_values():
+  """A NaN first evaluation (max/min keep a leading NaN) or an inf loss is never `best`."""
+  nan, inf = float("nan"), float("inf")
+  r = report.JobResult(job=None, state="done", error=None, series={
+      "inference_eval/t/accuracy": {1: nan, 2: 0.6, 3: 0.7, 4: nan},
+      "train/loss": {1: nan, 2: 0.5, 3: inf, 4: 0.4},
+      "training_eval/t/loss": {1: nan, 2: -inf}})
+  assert r.best("inference_eval/t/accuracy") == (3, 0.7)
+  assert r.best("train/loss") == (4, 0.4)
+  assert r.best("training_eval/t/loss") is None  # as a metric the job lacks
+  assert r.final("inference_eval/t/accuracy")[0] == 4  # final stays the last step's value

@@ -383,3 +383,76 @@ def test_failed_job_whose_command_changed_runs_again(fake_sweep):
   out = io.StringIO()
   assert runner.run(raised, parallel=4, out=out) == 0
   assert f"start {sweep.jobs[1].name} (command changed: running it)" in out.getvalue()
+
+
+def _interrupt(sweep, states):
+  """Marks the done jobs as their runner left them when it died (`running`) or was stopped or
+  preempted (`pending` after an attempt); their checkpoints stay."""
+  status = runner.read_status(sweep.root)
+  for job, state in zip(sweep.jobs, states):
+    status["jobs"][job.name].update({"state": state, "attempts": 1, "pid": None})
+  runner.write_status(sweep.root, status)
+
+
+def test_interrupted_job_whose_configuration_changed_is_refused(fake_sweep):
+  """As for a done job: resuming an interrupted job's checkpoint under another configuration
+  would continue the old run as the new command's, so `run` refuses (exit 2) before anything
+  starts; more TRAIN_STEPS alone resume it; without checkpoints the new command trains anew."""
+  sweep, tmp_path = fake_sweep
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
+  _interrupt(sweep, ["running", "pending"] * 4)
+  with open(runner.status_path(sweep.root), "rb") as f:
+    before = f.read()
+  changed = ["--gin.BATCH_SIZE=16"]
+  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}", *changed])
+  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
+  job = sweep.jobs[0]
+  assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is interrupted under "
+          f"another command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
+  assert "use a new --root, or remove " + job.model_dir in err
+  assert " start " not in out
+  with open(runner.status_path(sweep.root), "rb") as f:
+    assert f.read() == before
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}", *changed])
+  assert rc == 0 and out.count("command changed (--gin.BATCH_SIZE 8 -> 16): run refuses "
+                               "it") == 8, err
+  assert out.count("(running, command changed") == 4 and out.count("(pending, command") == 4
+  # Only more TRAIN_STEPS: resumed from the checkpoint under the new command.
+  longer = spec_lib.build(sweep.path, root=sweep.root, overrides=[("TRAIN_STEPS", "8")])
+  out = io.StringIO()
+  assert runner.run(longer, parallel=4, out=out) == 0
+  started = [l for l in out.getvalue().splitlines() if " start " in l]
+  assert len(started) == 8 and all("(command changed: resuming)" in l for l in started)
+  assert all("--gin.TRAIN_STEPS=8" in e["command"] for e in _status(longer).values())
+  # No checkpoint to restore: the new command trains from scratch.
+  _interrupt(longer, ["running", "pending"])
+  for job in sweep.jobs[:2]:
+    shutil.rmtree(os.path.join(job.model_dir, "checkpoints"))
+  other = spec_lib.build(sweep.path, root=sweep.root, overrides=[("BATCH_SIZE", "16")])
+  entries = _status(longer)
+  assert [runner.rerun_verdict(entries[j.name], j) for j in other.jobs[:3]] == [
+      ("run", "command changed: running it")] * 2 + [
+      ("refuse", "--gin.BATCH_SIZE 8 -> 16, --gin.TRAIN_STEPS 8 -> 4")]
+
+
+def test_done_job_whose_checkpoints_were_pruned_is_kept(fake_sweep):
+  """Checkpoints deleted to save disk leave the run (config.gin, evaluations): the job stays
+  done. More TRAIN_STEPS cannot resume it: `run` says so instead of training it anew."""
+  sweep, tmp_path = fake_sweep
+  open(tmp_path / "fixed", "w").close()
+  assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
+  for job in sweep.jobs:
+    with open(os.path.join(job.model_dir, "config.gin"), "w") as f:
+      f.write("TRAIN_STEPS = 4\n")
+    shutil.rmtree(os.path.join(job.model_dir, "checkpoints"))
+  out = io.StringIO()
+  assert runner.run(sweep, out=out) == 0 and " start " not in out.getvalue()
+  rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
+  assert rc == 0 and out.count("  (done)\n") == 8, err
+  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}",
+                                    "--gin.TRAIN_STEPS=8"])
+  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
+  assert ("(changed: --gin.TRAIN_STEPS 4 -> 8, but its checkpoints are gone: nothing to resume "
+          "from)") in err and " start " not in out
+  assert not any(runner.has_checkpoints(j.model_dir) for j in sweep.jobs)

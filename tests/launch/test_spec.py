@@ -112,6 +112,13 @@ def test_axis_macro_unused_by_its_jobs(tmp_path):
   assert "axis 'DPT_RANK': unknown gin macro DPT_RANK" in line
 
 
+@pytest.mark.parametrize("seeds", ["3", "'0, 1, 2'"])
+def test_seeds_that_are_not_a_list(tmp_path, seeds):
+  """`seeds: 3` used to mean the one seed 3, not three seeds."""
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n" + f"seeds: {seeds}\n", "plan")
+  assert line.endswith("is not a list: seeds must be a list, e.g. [0, 1, 2]"), line
+
+
 def test_empty_axis(tmp_path):
   line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: []\n", "plan")
   assert "axis 'PROMPT_LENGTH' is empty" in line
