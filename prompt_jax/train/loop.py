@@ -105,6 +105,13 @@ def _evaluation_recorded(model_dir: str, record: Mapping[str, Any]) -> bool:
   return _agreed_all(found)
 
 
+def empty_batch(element_spec: Mapping[str, Any], rows: int) -> Dict[str, np.ndarray]:
+  """An all-padding batch of `rows` with the model features of a batched dataset's spec (a
+  multi-task mixture's `task_ids` included): what a process whose data shard has run out feeds."""
+  return {k: np.zeros((rows,) + tuple(spec.shape[1:]), spec.dtype.as_numpy_dtype)
+          for k, spec in element_spec.items() if k in data_lib.model_features(element_spec)}
+
+
 def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConfig,
                         max_batches: Optional[int] = None) -> Dict[str, float]:
   """Token-weighted mean teacher-forced metrics over the (first `max_batches` batches of the)
@@ -120,14 +127,7 @@ def teacher_forced_eval(run: run_setup.Run, eval_step, cfg: data_lib.DatasetConf
     ds = ds.take(max_batches)
   local = [pad_batch(b, rows) for b in data_lib.numpy_batches(ds)]
   count = _agreed_count(len(local))
-  if local:
-    empty = {k: np.zeros_like(v) for k, v in local[0].items()}
-  else:
-    lengths = cfg.task_feature_lengths
-    empty = {"encoder_input_tokens": np.zeros((rows, lengths["inputs"]), np.int32),
-             "decoder_input_tokens": np.zeros((rows, lengths["targets"]), np.int32),
-             "decoder_target_tokens": np.zeros((rows, lengths["targets"]), np.int32),
-             "decoder_loss_weights": np.zeros((rows, lengths["targets"]), np.int32)}
+  empty = empty_batch(ds.element_spec, rows)  # the same features as the other processes' batches
   totals, tokens = {}, 0.0
   for i in range(count):
     batch = local[i] if i < len(local) else empty

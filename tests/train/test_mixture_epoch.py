@@ -69,3 +69,20 @@ def test_one_epoch_of_a_mixture_holds_every_row_of_its_tasks_once(mixture, shuff
         assert len({r[:2] for r in rows[:2]}) == 2
     assert sum(want.values()) == 256 + 40
     assert got == want, (mixture, shuffle, seed, num_shards, sum(got.values()))
+
+
+@pytest.mark.parametrize("name", [embedded_task.TASK_NAME, MULTI])
+def test_the_all_padding_batch_has_the_features_of_a_real_one(name):
+  """teacher_forced_eval feeds it on a process whose data shard ran out, while the others feed
+  real batches to the same program: a multi-task mixture's batches carry `task_ids`, so must it
+  (it was built from the feature lengths alone, without `task_ids`)."""
+  from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  cfg = data_lib.DatasetConfig(mixture_or_task_name=name, task_feature_lengths=LENGTHS,
+                               split="validation", batch_size=8, shuffle=False)
+  ds = data_lib.get_dataset(cfg, num_epochs=1, shard_id=0, num_shards=1, drop_remainder=False)
+  real = next(data_lib.numpy_batches(ds))
+  empty = loop.empty_batch(ds.element_spec, 8)
+  assert {k: (v.shape, v.dtype) for k, v in empty.items()} == {
+      k: (v.shape, v.dtype) for k, v in real.items()}
+  assert (data_lib.TASK_IDS in empty) == (name == MULTI)
+  assert not any(v.any() for v in empty.values())
