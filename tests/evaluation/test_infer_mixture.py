@@ -11,36 +11,20 @@ import os
 
 import numpy as np
 import seqio
-import tensorflow as tf
 
 from prompt_jax.embedded import task as embedded_task
 from prompt_jax.tasks import registration
 from tests.evaluation.test_ensemble import EMB
 from tests.evaluation.test_ensemble import run_cli
+from tests.train.test_mixture_epoch import SMALL  # 40 rows of the embedded first-letter task
 
-SMALL = "test_first_letter_40"  # 40 rows of the embedded first-letter task's validation split
 MIXTURE = "test_plain_unequal_mixture"
 FLAGS = ["--gin_file=models/embedded_tiny.gin", "--gin.PROMPT_LENGTH=4",
          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
          "--gin.INITIAL_CHECKPOINT_PATH=@prompt_jax.embedded_checkpoint_path()",
          "--gin.BATCH_SIZE=8"]
 
-
-def _small(split, shuffle_files, seed=None):
-  del shuffle_files, seed
-  pairs = embedded_task.examples(split, instruction="first")[:40]
-  return tf.data.Dataset.from_tensor_slices(
-      {"inputs": [p[0] for p in pairs], "targets": [p[1] for p in pairs]})
-
-
-if SMALL not in seqio.TaskRegistry.names():
-  seqio.TaskRegistry.add(
-      SMALL, source=seqio.FunctionDataSource(_small, splits=("validation",)),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
-      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
-                       for k in ("inputs", "targets")},
-      metric_fns=[embedded_task.accuracy])
-  registration.register_label_set(SMALL, list(embedded_task.LETTERS))
+registration.register_label_set(SMALL, list(embedded_task.LETTERS))
 if MIXTURE not in seqio.MixtureRegistry.names():
   seqio.MixtureRegistry.add(MIXTURE, [embedded_task.TASK_NAME, SMALL], default_rate=1.0)
 

@@ -288,6 +288,22 @@ def test_done_job_whose_command_changed_runs_again(fake_sweep):
                                "it") == 8, err
 
 
+def _assert_run_refuses(sweep, changed, state):
+  """`sweep run` with `changed` flags exits 2 with one line naming the first job (`state`) and
+  the change, before anything starts, leaving the status file as it was."""
+  with open(runner.status_path(sweep.root), "rb") as f:
+    before = f.read()
+  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}", *changed])
+  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
+  job = sweep.jobs[0]
+  assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is {state} under "
+          f"another command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
+  assert "use a new --root, or remove " + job.model_dir in err
+  assert " start " not in out
+  with open(runner.status_path(sweep.root), "rb") as f:
+    assert f.read() == before
+
+
 def test_done_job_whose_configuration_changed_is_refused(fake_sweep):
   """Another binding than TRAIN_STEPS: the trainer would restore the finished run's final step,
   train nothing and record the old run's results under the new command. `run` refuses (exit 2)
@@ -298,18 +314,8 @@ def test_done_job_whose_configuration_changed_is_refused(fake_sweep):
   for job in sweep.jobs:
     with open(os.path.join(job.model_dir, "config.gin"), "w") as f:
       f.write("BATCH_SIZE = 8\nTRAIN_STEPS = 4\n")
-  with open(runner.status_path(sweep.root), "rb") as f:
-    before = f.read()
   changed = ["--gin.BATCH_SIZE=16"]
-  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}", *changed])
-  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
-  job = sweep.jobs[0]
-  assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is done under another "
-          f"command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
-  assert "use a new --root, or remove " + job.model_dir in err
-  assert " start " not in out
-  with open(runner.status_path(sweep.root), "rb") as f:
-    assert f.read() == before
+  _assert_run_refuses(sweep, changed, "done")
   for job in sweep.jobs:
     with open(os.path.join(job.model_dir, "config.gin")) as f:
       assert f.read() == "BATCH_SIZE = 8\nTRAIN_STEPS = 4\n"
@@ -402,18 +408,8 @@ def test_interrupted_job_whose_configuration_changed_is_refused(fake_sweep):
   open(tmp_path / "fixed", "w").close()
   assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
   _interrupt(sweep, ["running", "pending"] * 4)
-  with open(runner.status_path(sweep.root), "rb") as f:
-    before = f.read()
   changed = ["--gin.BATCH_SIZE=16"]
-  rc, out, err = helpers.sweep_cli(["run", sweep.path, f"--root={sweep.root}", *changed])
-  assert rc == 2 and len(err.strip().splitlines()) == 1, (out, err)
-  job = sweep.jobs[0]
-  assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is interrupted under "
-          f"another command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
-  assert "use a new --root, or remove " + job.model_dir in err
-  assert " start " not in out
-  with open(runner.status_path(sweep.root), "rb") as f:
-    assert f.read() == before
+  _assert_run_refuses(sweep, changed, "interrupted")
   rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}", *changed])
   assert rc == 0 and out.count("command changed (--gin.BATCH_SIZE 8 -> 16): run refuses "
                                "it") == 8, err
