@@ -540,8 +540,7 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
     raise ConfigError("with PROMPT_BANK, infer reads the task split, where each example names "
                       "its prompt; --input texts name none (use PROMPT_FILE for one prompt)")
   task = data_lib.checked_task(dataset_cfg)
-  subtasks = list(task.tasks) if hasattr(task, "tasks") and not hasattr(
-      task, "preprocessors") else [task]
+  subtasks = data_lib.mixture_tasks(task, dataset_cfg.split) or [task]  # those with the split
   vocabulary = task.output_features["targets"].vocabulary
   members = [load_member(n, p, model.config, vocabulary)
              for n, p in prompt_sources(prompt_bank, "PROMPT_BANK")]
@@ -550,10 +549,12 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
   # Every example and the prompt it names, checked before the model loads.
   groups = []  # (task, tokens [E, T], prompt index [E], texts, targets)
   for sub in subtasks:
-    ds = sub.get_dataset(sequence_length=lengths, split=dataset_cfg.split, shuffle=False,
-                         use_cached=dataset_cfg.use_cached)
+    with data_lib.user_data_errors():  # a missing or malformed data file: one line
+      examples = list(sub.get_dataset(sequence_length=lengths, split=dataset_cfg.split,
+                                      shuffle=False, use_cached=dataset_cfg.use_cached)
+                      .as_numpy_iterator())
     tokens, which, texts, targets = [], [], [], []
-    for ex in ds.as_numpy_iterator():
+    for ex in examples:
       name = ex.get("prompt", sub.name)
       name = name.decode() if isinstance(name, bytes) else str(name)
       if name not in names:

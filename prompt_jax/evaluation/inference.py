@@ -189,11 +189,12 @@ def _evaluator(cfg: data_lib.DatasetConfig, log_dir: Optional[str]) -> seqio.Eva
   if key not in _EVALUATORS:
     data_lib.import_task_module(cfg.module)
     loggers = [seqio.TensorBoardLogger] if log_dir and jax.process_index() == 0 else []
-    _EVALUATORS[key] = seqio.Evaluator(
-        cfg.mixture_or_task_name, data_lib.EncDecFeatureConverter(pack=False),
-        eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
-        sequence_length=dict(cfg.task_feature_lengths), logger_cls=loggers, log_dir=log_dir,
-        async_compute_metrics=False)
+    with data_lib.user_data_errors():  # the Evaluator reads the split: a missing file, one line
+      _EVALUATORS[key] = seqio.Evaluator(
+          cfg.mixture_or_task_name, data_lib.EncDecFeatureConverter(pack=False),
+          eval_split=cfg.split, use_cached=cfg.use_cached, seed=cfg.seed,
+          sequence_length=dict(cfg.task_feature_lengths), logger_cls=loggers, log_dir=log_dir,
+          async_compute_metrics=False)
   return _EVALUATORS[key]
 
 

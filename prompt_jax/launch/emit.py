@@ -63,6 +63,22 @@ def shell_quote(arg: str) -> str:
   return shlex.quote(arg)
 
 
+def sbatch_word(arg: str) -> str:
+  """`arg` as one word of an `#SBATCH` line: sbatch splits these lines at blanks outside double
+  quotes, ends a word at an unescaped `#` (the rest is a comment) and takes a backslash to escape
+  the next non-blank character (SchedMD/slurm src/sbatch/opt.c `_get_argument`); a newline ends
+  the line whatever its quoting."""
+  if "\n" in arg:
+    raise ConfigError(f"an #SBATCH value cannot hold a newline: {arg!r}")
+  word = re.sub(r'([\\"#])', r"\\\1", arg)
+  return f'"{word}"' if re.search(r"\s", word) else word
+
+
+def slurm_filename(path: str) -> str:
+  """`path` in a SLURM filename pattern (--output): a literal `%` is `%%`."""
+  return path.replace("%", "%%")
+
+
 def command_line(args: Sequence[str]) -> str:
   return " ".join(shell_quote(a) for a in args)
 
@@ -156,7 +172,8 @@ def _slurm(sweep: spec_lib.Sweep, opts: Options, out_dir: str, kind: str,
   logs = os.path.join(out_dir, "logs")
   directives = [f"--job-name={sweep.name}-{kind}", f"--array={array}", f"--nodes={opts.nodes}",
                 f"--ntasks-per-node={ntasks_per_node}",
-                f"--output={logs}/slurm-%x-%A_%a.out", "--open-mode=append", "--requeue"]
+                sbatch_word(f"--output={slurm_filename(logs)}/slurm-%x-%A_%a.out"),
+                "--open-mode=append", "--requeue"]
   if opts.platform == "gpu":
     directives.append(f"--gpus-per-node={opts.gpus_per_node}")
   if opts.partition:
@@ -230,8 +247,8 @@ def slurm_scripts(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[st
             "set -euo pipefail", 'cd "$(dirname "$0")"',
             "train=$(sbatch --parsable train.sbatch)",
             'evaluation=$(sbatch --parsable --dependency="afterany:${train%%;*}" eval.sbatch)',
-            'echo "submitted train array ${train%%;*} and eval array ${evaluation%%;*}; logs in '
-            f'{os.path.join(out_dir, "logs")}"']
+            'echo "submitted train array ${train%%;*} and eval array ${evaluation%%;*}; logs in"'
+            f' {shell_quote(os.path.join(out_dir, "logs"))}']
   return [_write(os.path.join(out_dir, "train.sbatch"), train),
           _write(os.path.join(out_dir, "eval.sbatch"), evals),
           _write(os.path.join(out_dir, "submit.sh"), submit)]
@@ -247,6 +264,7 @@ def emit(sweep: spec_lib.Sweep, target: str, opts: Options) -> List[str]:
       else os.path.join("sweep_runs", sweep.name, "launch")))
   if target == "slurm":
     check_slurm_options(opts)  # before anything is written
+    sbatch_word(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   writer = {"tpu-vm": tpu_vm_script, "slurm": slurm_scripts, "local-script": local_script}
   return writer[target](sweep, opts, out_dir)

@@ -1,7 +1,10 @@
 """A task split with no examples (an empty data file, or a filter that drops every row) is a
 one-line error naming the task and split from eval, infer, ensemble-eval and infer with
 PROMPT_BANK, with nothing written to MODEL_DIR; and a multi-task prompt run, which needs each
-row's task id, is refused as an ensemble or bank member in one line."""
+row's task id, is refused as an ensemble or bank member in one line. A missing data file is the
+reader's one line from each command; infer reads only the tasks of a mixture that have the split."""
+import json
+
 import numpy as np
 import pytest
 import seqio
@@ -94,3 +97,82 @@ def test_a_multitask_run_is_refused_as_a_member_in_one_line(command, multitask_r
     command = "infer"
     argv += [f"--gin.PROMPT_BANK={{'embedded_last_letter': '{multitask_run}'}}"]
   _one_line_error(command, argv, model_dir, ["NUM_TASKS=2", multitask_run])
+
+
+TRAIN_ONLY = "test_eval_train_only"
+PART_MIXTURE = "test_eval_mixture_part_validation"
+
+if TRAIN_ONLY not in seqio.TaskRegistry.names():
+  seqio.TaskRegistry.add(
+      TRAIN_ONLY, source=seqio.FunctionDataSource(
+          lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
+              {"inputs": ["a b c"] * 3, "targets": ["c"] * 3}), splits=("train",)),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
+                       for k in ("inputs", "targets")},
+      metric_fns=[_accuracy])
+if PART_MIXTURE not in seqio.MixtureRegistry.names():
+  seqio.MixtureRegistry.add(PART_MIXTURE, ["embedded_last_letter", TRAIN_ONLY],
+                            default_rate=1.0)
+
+
+@pytest.mark.parametrize("command", ["infer", "bank-infer"])
+def test_infer_on_a_mixture_reads_the_tasks_that_have_the_split(command, tmp_path):
+  """A mixture whose second task has no validation split (seqio's Mixture.splits is the union
+  of its tasks'): infer reads every validation row of the first task and skips the second, as
+  seqio's Evaluator does; with PROMPT_BANK it used to ask the second task for the split."""
+  prompt = str(tmp_path / "p.npy")
+  np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
+  argv = [f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.MIXTURE_OR_TASK_NAME='{PART_MIXTURE}'"]
+  argv += [f for f in FLAGS if "MIXTURE_OR_TASK_NAME" not in f]
+  if command == "infer":
+    argv += ["--gin.PROMPT_LENGTH=4", f"--gin.PROMPT_FILE='{prompt}'"]
+    name = f"{PART_MIXTURE}-validation.jsonl"
+  else:
+    argv += [f"--gin.PROMPT_BANK={{'embedded_last_letter': '{prompt}'}}"]
+    name = f"{PART_MIXTURE}-validation-bank.jsonl"
+  code, _, err = run_cli(["infer"] + argv)
+  assert code == 0, err
+  with open(tmp_path / "inference" / name) as f:
+    rows = [json.loads(l) for l in f]
+  expected = len(list(seqio.get_mixture_or_task("embedded_last_letter").get_dataset(
+      sequence_length={"inputs": 16, "targets": 4}, split="validation", shuffle=False)))
+  assert len(rows) == expected > 0
+  key = "task" if command == "bank-infer" else "task_name"
+  assert {r.get(key, "embedded_last_letter") for r in rows} == {"embedded_last_letter"}
+
+
+MISSING = "test_eval_missing_file"
+MISSING_TEXT = "/nowhere/rte/val.jsonl: no such file; set DATA_DIR"
+
+
+def _missing_file(split, shuffle_files, seed=None):
+  raise FileNotFoundError(MISSING_TEXT)
+
+
+if MISSING not in seqio.TaskRegistry.names():
+  seqio.TaskRegistry.add(
+      MISSING, source=seqio.FunctionDataSource(_missing_file, splits=("train", "validation")),
+      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
+                       for k in ("inputs", "targets")},
+      metric_fns=[_accuracy])
+
+
+@pytest.mark.parametrize("command", ["eval", "infer", "ensemble-eval", "bank-infer"])
+def test_a_missing_data_file_is_one_line_and_writes_nothing(command, tmp_path):
+  """The data reader's FileNotFoundError (a task's file that is not there) is the reader's own
+  line from every evaluation command, not a traceback."""
+  model_dir = tmp_path / "out"
+  prompt = str(tmp_path / "p.npy")
+  np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
+  argv = [f"--gin.MODEL_DIR='{model_dir}'", f"--gin.MIXTURE_OR_TASK_NAME='{MISSING}'"]
+  argv += [f for f in FLAGS if "MIXTURE_OR_TASK_NAME" not in f]
+  if command in ("eval", "infer"):
+    argv += ["--gin.PROMPT_LENGTH=4", f"--gin.PROMPT_FILE='{prompt}'"]
+  elif command == "ensemble-eval":
+    argv += [f"--gin.ENSEMBLE_PROMPTS={{'a': '{prompt}', 'b': '{prompt}'}}"]
+  else:
+    command = "infer"
+    argv += [f"--gin.PROMPT_BANK={{'{MISSING}': '{prompt}'}}"]
+  _one_line_error(command, argv, model_dir, [MISSING_TEXT])

@@ -245,7 +245,66 @@ def test_slurm_scripts_with_a_relative_out_dir(tmp_path, monkeypatch):
     train = f.read()
   assert f"#SBATCH --output={tmp_path}/slurm_out/logs/slurm-%x-%A_%a.out\n" in train
   with open(tmp_path / "slurm_out" / "submit.sh") as f:
-    assert f"logs in {tmp_path}/slurm_out/logs" in f.read()
+    assert f"logs in\" {tmp_path}/slurm_out/logs\n" in f.read()
+
+
+def _sbatch_words(line: str):
+  """The words sbatch reads from an `#SBATCH ...` line: a port of SchedMD/slurm
+  src/sbatch/opt.c `_get_argument` (blanks split, `"` toggles quoting, a backslash escapes the
+  next character, an unescaped `#` ends the word and the line)."""
+  words, i, text = [], 0, line[len("#SBATCH"):]
+  while True:
+    while i < len(text) and text[i].isspace():
+      i += 1
+    word, quoted, escaped = "", False, False
+    while i < len(text) and (quoted or not text[i].isspace()) and text[i] != "\n":
+      c = text[i]
+      i += 1
+      if escaped:
+        word, escaped = word + c, False
+      elif c == "\\":
+        escaped = True
+      elif c == '"':
+        quoted = not quoted
+      elif c == "#":
+        i = len(text)
+        break
+      else:
+        word += c
+    if not word:
+      return words
+    words.append(word)
+
+
+def test_slurm_logs_under_a_directory_with_blanks_hash_and_percent(tmp_path):
+  """An out directory `my runs #1/100%`: the #SBATCH --output line is one word to sbatch (it was
+  cut at the blank), its `%` is SLURM's literal `%%`, and submit.sh prints the real path."""
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  out = tmp_path / "my runs #1" / "100%"
+  rc, _, err = helpers.sweep_cli(["emit", spec, f"--root={tmp_path / 'root'}", "--target=slurm",
+                                  f"--out={out}"])
+  assert rc == 0, err
+  with open(out / "train.sbatch") as f:
+    line = next(l for l in f if l.startswith("#SBATCH") and "--output" in l)
+  logs = str(out / "logs").replace("%", "%%")
+  assert _sbatch_words(line) == [f"--output={logs}/slurm-%x-%A_%a.out"], line
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "sbatch").write_text("#!/bin/sh\necho 7\n")
+  (fake / "sbatch").chmod(0o755)
+  proc = subprocess.run(["bash", str(out / "submit.sh")], capture_output=True, text=True,
+                        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip().endswith(f"logs in {out / 'logs'}"), proc.stdout
+
+
+def test_a_slurm_out_directory_with_a_newline_is_one_line(tmp_path):
+  spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
+  out = tmp_path / "a\nb"
+  rc, stdout, err = helpers.sweep_cli(["emit", spec, f"--root={tmp_path / 'root'}",
+                                       "--target=slurm", f"--out={out}"])
+  assert rc == 2 and len(err.strip().splitlines()) == 1 and "newline" in err, (stdout, err)
+  assert not out.exists()
 
 
 def test_an_output_path_in_the_way_is_one_line_without_traceback(tmp_path):
