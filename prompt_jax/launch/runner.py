@@ -144,6 +144,26 @@ def model_dir_gone(model_dir: str) -> bool:
       not has_checkpoints(model_dir)
 
 
+RUN_ANEW = ("command changed: running it", "MODEL_DIR gone: running again")  # rerun_verdict's
+
+
+def move_aside(model_dir: str) -> Optional[str]:
+  """Moves what an earlier run left in `model_dir` (its config.gin, TensorBoard events, logs:
+  a failed run without checkpoints) to `<model_dir>.replaced-<k>` before a new command trains
+  there anew, so the report reads no step of the old run as the new one's; its path, or None
+  when there is nothing to move."""
+  try:
+    if not os.listdir(model_dir):
+      return None
+  except OSError:
+    return None
+  k = 1
+  while os.path.exists(f"{model_dir}.replaced-{k}"):
+    k += 1
+  os.rename(model_dir, f"{model_dir}.replaced-{k}")
+  return f"{model_dir}.replaced-{k}"
+
+
 def _flags(command: List[str]) -> Dict[str, object]:
   """`--gin.X=v` -> {"--gin.X": v}; repeated flags (--gin_file) -> their values in order."""
   out: Dict[str, object] = {}
@@ -188,11 +208,11 @@ def rerun_verdict(entry: Dict, job: spec_lib.Job) -> Optional[Tuple[str, str]]:
   (nothing of the old one would be restored)."""
   state = entry.get("state")
   if state == DONE and model_dir_gone(job.model_dir):
-    return ("run", "MODEL_DIR gone: running again")
+    return ("run", RUN_ANEW[1])
   if not command_changed(entry, job):
     return None
   if state != DONE and not has_checkpoints(job.model_dir):
-    return ("run", "command changed: running it")
+    return ("run", RUN_ANEW[0])
   old, new = _flags(list(entry["command"])), _flags(_command(job))
   # MODEL_DIR is the job's own directory (<root>/<name>): a moved root changes no configuration.
   changed = [k for k in sorted(set(old) | set(new))
@@ -279,6 +299,7 @@ class _Runner:
     self.status.update({"sweep": sweep.name, "spec": sweep.path, "root": self.root})
     entries = self.status.setdefault("jobs", {})
     self.notes: Dict[str, str] = {}  # job name -> why it starts again ("resuming", ...)
+    self.anew: set = set()  # jobs that train from scratch where an earlier run left files
     refused: List[Tuple[spec_lib.Job, str]] = []  # trained under another command
     for job in sweep.jobs:
       entry = entries.setdefault(job.name, {"state": PENDING, "attempts": 0})
@@ -288,6 +309,8 @@ class _Runner:
       if entry["state"] == RUNNING:  # its runner died (we hold the lock)
         _check_not_running(job, entry.get("pid"))
       verdict = rerun_verdict(entry, job)
+      if verdict and verdict[1] in RUN_ANEW:
+        self.anew.add(job.name)
       if verdict and verdict[0] == "refuse":
         refused.append((job, verdict[1]))
       elif _interrupted(entry):  # runner died, stopped or preempted: resume it
@@ -339,6 +362,12 @@ class _Runner:
     entry = self._entry(job)
     log = log_path(self.root, job)
     argv = prompt_jax_command() + job.train_args()
+    if job.name in self.anew:
+      moved = move_aside(job.model_dir)
+      self.anew.discard(job.name)
+      if moved:
+        self.notes[job.name] = f"{self.notes.get(job.name, 'running anew')}; the earlier " \
+                               f"run's files are in {moved}"
     f = open(log, "a")
     entry["attempts"] = entry.get("attempts", 0) + 1
     f.write(f"=== sweep {self.sweep.name}: attempt {entry['attempts']} at "

@@ -338,13 +338,16 @@ def test_done_job_whose_model_dir_is_gone_runs_again(fake_sweep):
   assert runner.run(sweep, parallel=4, out=io.StringIO()) == 0
   gone = sweep.jobs[3]
   shutil.rmtree(gone.model_dir)
+  os.makedirs(os.path.join(gone.model_dir, "train"))  # events the user left: moved aside
   rc, out, err = helpers.sweep_cli(["plan", sweep.path, f"--root={sweep.root}"])
   assert rc == 0 and out.count("(done, MODEL_DIR gone: run runs it again)") == 1, err
   assert f"{gone.name}  (done, MODEL_DIR gone" in out
   out = io.StringIO()
   assert runner.run(sweep, out=out) == 0
   started = [l for l in out.getvalue().splitlines() if " start " in l]
-  assert len(started) == 1 and f"start {gone.name} (MODEL_DIR gone: running again)" in started[0]
+  assert len(started) == 1 and f"start {gone.name} (MODEL_DIR gone: running again; the " \
+      f"earlier run's files are in {gone.model_dir}.replaced-1)" in started[0]
+  assert os.listdir(gone.model_dir + ".replaced-1") == ["train"]
   assert runner.has_checkpoints(gone.model_dir)
   assert _status(sweep)[gone.name]["attempts"] == 2
 
@@ -385,10 +388,21 @@ def test_failed_job_whose_command_changed_runs_again(fake_sweep):
   assert runner.run(sweep, parallel=4, out=io.StringIO()) == 1
   open(tmp_path / "fixed", "w").close()
   assert runner.run(sweep, out=io.StringIO()) == 1  # same command: still failed
+  # What the failed run left (its TensorBoard events, no checkpoint) is moved aside: read as
+  # the new command's, its steps would fill the report's series (`best` over evaluations).
+  failed = sweep.jobs[1].model_dir
+  os.makedirs(os.path.join(failed, "inference_eval"))
+  open(os.path.join(failed, "inference_eval", "events.out.tfevents.1.old"), "w").close()
   raised = spec_lib.build(sweep.path, root=sweep.root, overrides=[("TRAIN_STEPS", "9")])
   out = io.StringIO()
-  assert runner.run(raised, parallel=4, out=out) == 0
-  assert f"start {sweep.jobs[1].name} (command changed: running it)" in out.getvalue()
+  assert runner.run(raised, parallel=4, out=out) == 0, out.getvalue()
+  assert f"start {sweep.jobs[1].name} (command changed: running it; the earlier run's files " \
+         f"are in {failed}.replaced-1)" in out.getvalue()
+  assert os.listdir(failed) == ["checkpoints"]  # the new run's only
+  assert os.path.exists(os.path.join(failed + ".replaced-1", "inference_eval",
+                                     "events.out.tfevents.1.old"))
+  assert not any(os.path.exists(j.model_dir + ".replaced-1") for j in sweep.jobs if
+                 j.model_dir != failed)
 
 
 def _interrupt(sweep, states):
