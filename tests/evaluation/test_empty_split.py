@@ -111,26 +111,30 @@ if TRAIN_ONLY not in seqio.TaskRegistry.names():
       output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
                        for k in ("inputs", "targets")},
       metric_fns=[_accuracy])
-if PART_MIXTURE not in seqio.MixtureRegistry.names():
-  seqio.MixtureRegistry.add(PART_MIXTURE, ["embedded_last_letter", TRAIN_ONLY],
-                            default_rate=1.0)
+EMPTY_MIXTURE = "test_eval_mixture_empty_part"
+for _name, _tasks in ((PART_MIXTURE, ["embedded_last_letter", TRAIN_ONLY]),
+                      (EMPTY_MIXTURE, ["embedded_last_letter", EMPTY])):
+  if _name not in seqio.MixtureRegistry.names():
+    seqio.MixtureRegistry.add(_name, _tasks, default_rate=1.0)
 
 
+@pytest.mark.parametrize("mixture", [PART_MIXTURE, EMPTY_MIXTURE])
 @pytest.mark.parametrize("command", ["infer", "bank-infer"])
-def test_infer_on_a_mixture_reads_the_tasks_that_have_the_split(command, tmp_path):
+def test_infer_on_a_mixture_reads_the_tasks_that_have_the_split(command, mixture, tmp_path):
   """A mixture whose second task has no validation split (seqio's Mixture.splits is the union
-  of its tasks'): infer reads every validation row of the first task and skips the second, as
-  seqio's Evaluator does; with PROMPT_BANK it used to ask the second task for the split."""
+  of its tasks'), or an empty one: infer reads every validation row of the first task and
+  skips the second, as seqio's Evaluator does; with PROMPT_BANK it used to ask the second task
+  for the split."""
   prompt = str(tmp_path / "p.npy")
   np.save(prompt, (3.0 * np.random.RandomState(0).randn(4, EMB)).astype(np.float32))
-  argv = [f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.MIXTURE_OR_TASK_NAME='{PART_MIXTURE}'"]
+  argv = [f"--gin.MODEL_DIR='{tmp_path}'", f"--gin.MIXTURE_OR_TASK_NAME='{mixture}'"]
   argv += [f for f in FLAGS if "MIXTURE_OR_TASK_NAME" not in f]
   if command == "infer":
     argv += ["--gin.PROMPT_LENGTH=4", f"--gin.PROMPT_FILE='{prompt}'"]
-    name = f"{PART_MIXTURE}-validation.jsonl"
+    name = f"{mixture}-validation.jsonl"
   else:
     argv += [f"--gin.PROMPT_BANK={{'embedded_last_letter': '{prompt}'}}"]
-    name = f"{PART_MIXTURE}-validation-bank.jsonl"
+    name = f"{mixture}-validation-bank.jsonl"
   code, _, err = run_cli(["infer"] + argv)
   assert code == 0, err
   with open(tmp_path / "inference" / name) as f:
