@@ -469,9 +469,13 @@ def _ensemble_eval(args) -> None:
 def _export(args) -> None:
   from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
   backbone = _macro("INITIAL_CHECKPOINT_PATH")  # the adapter's base_model_name_or_path (peft)
+  output = None
+  if args.output:  # absolute() drops a trailing '/': kept, it says the user named a directory
+    output = absolute(args.output)
+    if args.output.endswith(("/", os.sep)) and not output.endswith("/"):
+      output += "/"
   written = export.export(args.format, model_dir=_macro("MODEL_DIR"),
-                          checkpoint_path=_macro("CHECKPOINT_PATH"),
-                          output=absolute(args.output) if args.output else None,
+                          checkpoint_path=_macro("CHECKPOINT_PATH"), output=output,
                           base_model=backbone if isinstance(backbone, str) else None)
   _say("wrote " + "; ".join(written))
 

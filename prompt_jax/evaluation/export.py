@@ -79,7 +79,7 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   del base_model  # a .npy names no backbone
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
-  if output and os.path.isdir(output):
+  if output and (os.path.isdir(output) or output.endswith(("/", os.sep))):
     raise ConfigError(f"--output {output} is a directory: name the .npy file to write")
   check_new_output(output, "a .npy file")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))

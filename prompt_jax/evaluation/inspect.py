@@ -361,13 +361,26 @@ def vocabulary_of(spm_path: Optional[str] = None, task: Optional[str] = None,
                       f"MODEL_DIR / MIXTURE_OR_TASK_NAME")
   try:
     if spm_path:
-      return vocab_lib.get_vocabulary(spm_path)
-    if task:
+      vocabulary = vocab_lib.get_vocabulary(spm_path)
+    elif task:
       from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
       return data_lib.get_task(task, task_module).output_features["targets"].vocabulary
-    return vocab_lib.get_vocabulary()
+    else:
+      vocabulary = vocab_lib.get_vocabulary()
   except FileNotFoundError as e:
     raise ConfigError(f"--vocabulary: {e}") from e
+  # seqio loads a SentencePiece model lazily: read it now, so that a file that is not one (a
+  # directory, another format) is one line here, not an exception from the first decode.
+  env = os.environ.get(vocab_lib.SPM_PATH_ENV)
+  where = (f"--vocabulary {spm_path}" if spm_path else f"${vocab_lib.SPM_PATH_ENV} {env}" if env
+           else f"T5's vocabulary {vocab_lib.DEFAULT_SPM_PATH}")
+  try:
+    vocabulary.vocab_size  # pylint: disable=pointless-statement
+  except Exception as e:  # pylint: disable=broad-except
+    message = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"{where} is not a SentencePiece model that can be read ({message}); "
+                      f"pass a .model file") from e
+  return vocabulary
 
 
 def inspect(*, prompt_file: Optional[str] = None, model_dir: Optional[str] = None,

@@ -276,3 +276,21 @@ def test_a_prompt_file_without_a_vocabulary_is_refused(tmp_path, monkeypatch):
   _assert_one_line(code, out, err, "inspect decodes the neighbours with a vocabulary: give "
                                    "--vocabulary=spiece.model")
   assert os.listdir(tmp_path) == ["p.npy"]
+
+
+@pytest.mark.parametrize("kind", ["corrupt_file", "directory"])
+def test_a_vocabulary_that_is_not_a_sentencepiece_model_is_one_line(tmp_path, kind):
+  """seqio reads the .model lazily: a bad one was an exit-1 DecodeError / FailedPrecondition at
+  the first decoded neighbour; it is one line (exit 2) and nothing is written."""
+  prompt = tmp_path / "p.npy"
+  np.save(prompt, np.ones((2, 64), np.float32))
+  bad = tmp_path / "bad.model"
+  if kind == "directory":
+    bad.mkdir()
+  else:
+    bad.write_bytes(b"not a sentencepiece model\n")
+  code, out, err = run_cli(["inspect", f"--prompt={prompt}", f"--vocabulary={bad}",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'"])
+  _assert_one_line(code, out, err, f"--vocabulary {bad} is not a SentencePiece model that can "
+                                   f"be read (")
+  assert sorted(os.listdir(tmp_path)) == ["bad.model", "p.npy"]

@@ -1,0 +1,56 @@
+"""`prompt-jax export --output`: what the user names is what is written, or one line."""
+import contextlib
+import io
+import os
+
+import gin
+import numpy as np
+import pytest
+
+from prompt_jax import cli
+from tests.train import common
+
+
+def run_cli(argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(list(argv))
+  gin.clear_config()
+  return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+  model_dir = str(tmp_path_factory.mktemp("export_output") / "run")
+  code, _, err = run_cli(["train"] + common.flags(model_dir, 1))
+  assert code == 0, err
+  return model_dir
+
+
+def test_npy_output_naming_a_new_directory_is_one_line_and_writes_nothing(trained_run, tmp_path):
+  """`--output=DIR/` (a directory that does not exist yet) used to write a file named DIR."""
+  target = tmp_path / "exports"
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'",
+                            f"--output={target}/"])
+  assert code == 2 and out == "", (code, out, err)
+  assert err == (f"prompt-jax export: error: --output {target}/ is a directory: name the .npy "
+                 f"file to write\n")
+  assert os.listdir(tmp_path) == []
+
+
+def test_npy_output_naming_a_file_round_trips(trained_run, tmp_path):
+  target = tmp_path / "sub" / "p.npy"
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'", f"--output={target}"])
+  assert code == 0, err
+  assert out.startswith("wrote prompt [8, 64] float32 of checkpoint step 1 to ")
+  np.testing.assert_array_equal(np.load(target), common.prompt_at(trained_run, 1))
+  assert os.listdir(target.parent) == ["p.npy"]
+
+
+def test_peft_output_naming_a_new_directory_writes_the_adapter_there(trained_run, tmp_path):
+  pytest.importorskip("safetensors")
+  target = tmp_path / "adapter"
+  code, _, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{trained_run}'",
+                          f"--output={target}/"])
+  assert code == 0, err
+  assert sorted(os.listdir(target)) == ["adapter_config.json", "adapter_model.safetensors"]
