@@ -105,16 +105,21 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     raise ConfigError(f"--output_dir {output_dir} is a file; pass a directory (it is created)")
   errors.make_dirs(output_dir, f"--output_dir {output_dir}")
   report = {"rows": [int(rows[0]), int(rows[-1])], "prompt": os.path.abspath(prompt_path)}
+  # Every method is fitted before anything is written: a failing or interrupted fit leaves
+  # OUTPUT_DIR as it was (not new .npy files beside an older recycle.json).
+  fitted = []
   for method in methods:
     start = time.time()
-    out = recycling.recycle(prompt, source_table, target_table, method, rows)
+    fitted.append((method, recycling.recycle(prompt, source_table, target_table, method, rows),
+                   time.time() - start))
+  for method, out, seconds in fitted:
     path = os.path.join(output_dir, f"{method}.npy")
     tmp = path + ".tmp.npy"
     np.save(tmp, out.prompt)
     os.replace(tmp, path)  # atomic: nothing half-written
     report[method] = {"fit_error": out.fit_error, "path": os.path.abspath(path),
                       "shape": list(out.prompt.shape)}
-    say(f"{method:<20} fit error {out.fit_error:.6g}  ({time.time() - start:.1f}s) -> {path}")
+    say(f"{method:<20} fit error {out.fit_error:.6g}  ({seconds:.1f}s) -> {path}")
   with open(os.path.join(output_dir, "recycle.json.tmp"), "w") as f:
     json.dump(report, f, indent=2)
   os.replace(os.path.join(output_dir, "recycle.json.tmp"), os.path.join(output_dir,

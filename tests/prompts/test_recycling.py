@@ -200,3 +200,27 @@ def test_recyclers_directly():
     recycling.recycle(rng.randn(2, 8), s, rng.randn(49, 8), "vec2vec_linear", np.arange(40))
   with pytest.raises(ValueError, match="exceeds"):
     recycling.select_rows(50, 45, 10)
+
+
+def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
+  """A recycle run into an OUTPUT_DIR holding an earlier one, stopped by its second method
+  (Ctrl-C during the MLP's fit): the first method's .npy used to replace the earlier one's while
+  the earlier recycle.json stayed, describing other prompts. Nothing is written now."""
+  root, paths, _, _, _ = models
+  out_dir = root / "out_interrupted"
+  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10",
+          "--methods=vec2vec_linear,vec2vec_mlp"]
+  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
+  before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+  real = recycling.recycle
+
+  def interrupted(prompt, source, target, method, rows):
+    if method == "vec2vec_mlp":
+      raise KeyboardInterrupt
+    return real(prompt, source, target, method, rows)
+
+  monkeypatch.setattr(recycling, "recycle", interrupted)
+  code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
+  assert code == 130 and "interrupted" in err, (code, err)
+  assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
