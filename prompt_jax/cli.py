@@ -85,6 +85,7 @@ PATH_MACROS = ("MODEL_DIR", "PROMPT_FILE", "CHECKPOINT_PATH", "INITIAL_CHECKPOIN
 EXIT_CONFIG_ERROR = 2
 EXIT_FAILURE = 1  # a run that cannot go on, or an unexpected error
 EXIT_PREEMPTED = 128 + 15  # what a shell reports for a process ended by SIGTERM
+EXIT_INTERRUPTED = 128 + 2  # ... by SIGINT (Ctrl-C)
 
 
 class _Error(Exception):
@@ -651,7 +652,7 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
     traceback.print_exc()
   if isinstance(e, Preempted):  # gin appends "In call to configurable ..." lines
     print(f"prompt-jax {command}: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-    return EXIT_PREEMPTED
+    return EXIT_INTERRUPTED if e.interrupted else EXIT_PREEMPTED
   if _unrunnable_bfloat16_product(e):  # layers.CPU_PRODUCTS_ENV
     return _fail(command, "XLA CPU could not run one of this program's bfloat16 products summed "
                  "in float32 (UNIMPLEMENTED in its DotThunk); rerun with "

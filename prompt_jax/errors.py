@@ -23,11 +23,13 @@ class RunError(RuntimeError):
 
 
 class Preempted(Exception):
-  """SIGTERM (TPU VM / SLURM preemption): a checkpoint at `step` was saved, the run stopped."""
+  """SIGTERM (TPU VM / SLURM preemption), or Ctrl-C (`interrupted`): a checkpoint at `step` was
+  saved, the run stopped."""
 
-  def __init__(self, message: str, step: int):
+  def __init__(self, message: str, step: int, interrupted: bool = False):
     super().__init__(message)
     self.step = step
+    self.interrupted = interrupted
 
 
 def check_integer(value: Any, what: str, least: Optional[int] = None, more: str = "",

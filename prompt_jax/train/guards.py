@@ -62,32 +62,38 @@ def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Option
 
 class PreemptionWatch:
   """`watch = PreemptionWatch().install()`; after each step `if watch.requested(step)`: save
-  and stop; `watch.uninstall()` when the loop ends. A second SIGTERM, or one arriving after the
-  loop ended without uninstalling (an exception), ends the process as SIGTERM normally does."""
+  and stop; `watch.uninstall()` when the loop ends. SIGTERM (a preemption) and Ctrl-C (SIGINT,
+  a user at the terminal) both ask for it: the steps trained since the last checkpoint are
+  saved, not lost. The same signal a second time, or one arriving after the loop ended without
+  uninstalling (an exception), acts as it normally does (SIGTERM ends the process; Ctrl-C
+  raises KeyboardInterrupt at once, without saving)."""
+  SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
   def __init__(self):
     self._requested = False
-    self._previous = None
-    self._installed = False
+    self.by: Optional[str] = None  # what asked: "SIGTERM" or "Ctrl-C"
+    self._previous = {}
 
   def install(self) -> "PreemptionWatch":
     if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-      self._installed = True
+      for signum in self.SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._on_signal)
     return self
 
   def uninstall(self) -> None:
-    if self._installed:
-      signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-      self._installed = False
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    self._previous = {}
 
-  def _on_sigterm(self, signum, frame) -> None:  # pylint: disable=unused-argument
-    if self._requested:  # asked twice: stop now
+  def _on_signal(self, signum, frame) -> None:  # pylint: disable=unused-argument
+    if self._requested:  # asked twice: as the signal would without us
       self.uninstall()
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
       return
     self._requested = True
-    print("SIGTERM: saving a checkpoint after this step, then stopping", flush=True)
+    self.by = self.SIGNALS[signum]
+    again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""
+    print(f"{self.by}: saving a checkpoint after this step, then stopping{again}", flush=True)
 
   def requested(self, step: int) -> bool:
     """Whether to save and stop after `step` (every process calls this at every step)."""

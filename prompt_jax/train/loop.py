@@ -317,77 +317,79 @@ def train(*, model_dir: str = gin.REQUIRED,
                       keep=keep_checkpoints)
 
   buckets = _BucketPrograms(stream.buckets)
-  watch = guards.PreemptionWatch().install()  # SIGTERM from here on: save after a step
-  if eval_before_training and start == 0:
-    evaluate(0)
-  elif eval_period and 0 < start < total_steps and start % eval_period == 0:
-    # The run that saved `start` may have stopped (killed, preempted) before or during its
-    # evaluation, which no later step would redo: evaluate it now, unless its evaluation (of the
-    # same tasks and splits) finished and was recorded.
-    if _evaluation_recorded(model_dir, _evaluation_record(start, train_eval_dataset_cfg,
-                                                          evaluated_infer_cfg)):
-      summaries.log("the evaluation of the restored step %d is already recorded (%s, in %s): "
-                    "not evaluated again", start, os.path.join(model_dir, EVALUATED_FILE),
-                    " and ".join(os.path.join(model_dir, d) for d, cfg in (
-                        (summaries.TRAINING_EVAL_DIR, train_eval_dataset_cfg),
-                        (summaries.INFERENCE_EVAL_DIR, evaluated_infer_cfg)) if cfg is not None))
-    else:
-      summaries.log("evaluating the restored step %d (its run may have stopped before its "
-                    "evaluation finished)", start)
-      evaluate(start)
-  for step in range(start, total_steps):
-    local = next(stream)
-    if model.prompt is not None:
-      model.prompt.check_batch(local)  # e.g. multi-task prompts: task_ids within NUM_TASKS
-    if rep_cache is not None:
-      local = rep_cache.add_to(local)
-    batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)
-    new_bucket = buckets.new_shape(batch)  # length buckets: a program to compile now
-    began = time.perf_counter()
-    with partitioning.axis_rules(mesh):
-      state, metrics, first_bad = step_fn(state, run.frozen, batch, dropout_rng, first_bad)
-    position += 1
-    done = step + 1
-    if step == start:  # the wait a user sees before training (one sync, on this step only)
-      jax.block_until_ready(metrics)
-      summaries.log(startup.first_step_done())
-      train_writer.write_scalars(done, startup.scalars())
-      progress.start(done)  # steps/s and the ETA leave out start-up and the compile
-    elif new_bucket:  # a pause the steps/s would show unexplained (one sync, on this step only)
-      jax.block_until_ready(metrics)
-      summaries.log(buckets.line(done, batch, time.perf_counter() - began))
-    last = done == total_steps
-    if done % stats_period == 0 or last:
-      guards.check_finite(first_bad, done, lambda: _last_good(model_dir))
-      host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      lr = float(optimizer.schedule(step))
-      line = progress.line(done, host, lr)
-      summaries.log(line)
-      sps = progress.steps_per_sec
-      train_writer.write_scalars(done, {**{f"train/{k}": v for k, v in host.items()},
-                                        **(method_summaries(state.params)
-                                           if method_summaries else {}),
-                                        "learning_rate": lr,
-                                        "data/real_token_share": stream.real_token_share,
-                                        **summaries.Progress.timing(sps,
-                                                                    train_dataset_cfg.batch_size)})
-    saving = done % checkpoint_period == 0 or last or done == stop_after_step
-    if saving:
-      save(done)
-    if watch.requested(done):
-      _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
-    if eval_period and (done % eval_period == 0 or last):
-      final_metrics = evaluate(done)
-      if final_metrics:  # and evaluations (which waited for the steps so far)
-        progress.start(done)
-      if not last and watch.requested(done):  # SIGTERM during the evaluation: stop now
+  watch = guards.PreemptionWatch().install()  # SIGTERM, Ctrl-C: save after a step
+  try:  # an exception leaves no handler behind (a notebook's Ctrl-C would be swallowed)
+    if eval_before_training and start == 0:
+      evaluate(0)
+    elif eval_period and 0 < start < total_steps and start % eval_period == 0:
+      # The run that saved `start` may have stopped (killed, preempted) before or during its
+      # evaluation, which no later step would redo: evaluate it now, unless its evaluation (of the
+      # same tasks and splits) finished and was recorded.
+      if _evaluation_recorded(model_dir, _evaluation_record(start, train_eval_dataset_cfg,
+                                                            evaluated_infer_cfg)):
+        summaries.log("the evaluation of the restored step %d is already recorded (%s, in %s): "
+                      "not evaluated again", start, os.path.join(model_dir, EVALUATED_FILE),
+                      " and ".join(os.path.join(model_dir, d) for d, cfg in (
+                          (summaries.TRAINING_EVAL_DIR, train_eval_dataset_cfg),
+                          (summaries.INFERENCE_EVAL_DIR, evaluated_infer_cfg)) if cfg is not None))
+      else:
+        summaries.log("evaluating the restored step %d (its run may have stopped before its "
+                      "evaluation finished)", start)
+        evaluate(start)
+    for step in range(start, total_steps):
+      local = next(stream)
+      if model.prompt is not None:
+        model.prompt.check_batch(local)  # e.g. multi-task prompts: task_ids within NUM_TASKS
+      if rep_cache is not None:
+        local = rep_cache.add_to(local)
+      batch = global_batch(local, data_sharding, train_dataset_cfg.batch_size)
+      new_bucket = buckets.new_shape(batch)  # length buckets: a program to compile now
+      began = time.perf_counter()
+      with partitioning.axis_rules(mesh):
+        state, metrics, first_bad = step_fn(state, run.frozen, batch, dropout_rng, first_bad)
+      position += 1
+      done = step + 1
+      if step == start:  # the wait a user sees before training (one sync, on this step only)
+        jax.block_until_ready(metrics)
+        summaries.log(startup.first_step_done())
+        train_writer.write_scalars(done, startup.scalars())
+        progress.start(done)  # steps/s and the ETA leave out start-up and the compile
+      elif new_bucket:  # a pause the steps/s would show unexplained (one sync, on this step only)
+        jax.block_until_ready(metrics)
+        summaries.log(buckets.line(done, batch, time.perf_counter() - began))
+      last = done == total_steps
+      if done % stats_period == 0 or last:
+        guards.check_finite(first_bad, done, lambda: _last_good(model_dir))
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        lr = float(optimizer.schedule(step))
+        line = progress.line(done, host, lr)
+        summaries.log(line)
+        sps = progress.steps_per_sec
+        timing = summaries.Progress.timing(sps, train_dataset_cfg.batch_size)
+        train_writer.write_scalars(done, {**{f"train/{k}": v for k, v in host.items()},
+                                          **(method_summaries(state.params)
+                                             if method_summaries else {}),
+                                          "learning_rate": lr,
+                                          "data/real_token_share": stream.real_token_share,
+                                          **timing})
+      saving = done % checkpoint_period == 0 or last or done == stop_after_step
+      if saving:
+        save(done)
+      if watch.requested(done):
         _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
-    if stop_after_step is not None and done == stop_after_step:
-      break
-  else:
-    if start >= total_steps:
-      final_metrics = evaluate(start)
-  watch.uninstall()
+      if eval_period and (done % eval_period == 0 or last):
+        final_metrics = evaluate(done)
+        if final_metrics:  # and evaluations (which waited for the steps so far)
+          progress.start(done)
+        if not last and watch.requested(done):  # SIGTERM during the evaluation: stop now
+          _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
+      if stop_after_step is not None and done == stop_after_step:
+        break
+    else:
+      if start >= total_steps:
+        final_metrics = evaluate(start)
+  finally:
+    watch.uninstall()
   mngr.wait_until_finished()
   mngr.close()
   train_writer.flush()
@@ -503,6 +505,6 @@ def _stop_preempted(watch: guards.PreemptionWatch, save: Callable[[int], None], 
     save(step)
   mngr.wait_until_finished()
   watch.uninstall()
-  raise Preempted(f"preempted (SIGTERM) at step {step}: saved "
-                  f"{checkpointing.step_dir(model_dir, step)}; run the same command to resume",
-                  step)
+  what = "interrupted (Ctrl-C)" if watch.by == "Ctrl-C" else "preempted (SIGTERM)"
+  raise Preempted(f"{what} at step {step}: saved {checkpointing.step_dir(model_dir, step)}; "
+                  f"run the same command to resume", step, interrupted=watch.by == "Ctrl-C")

@@ -79,7 +79,8 @@ def cli_subprocess(argv: Sequence[str], devices: int = 1, timeout: float = 240,
 
 # `prompt-jax` that sends itself SIGTERM right after logging step {step} (the argument of
 # .format): the preemption arrives at a known step however fast the machine runs, where a test
-# that signals on reading the line from outside races the run's end.
+# that signals on reading the line from outside races the run's end. SIGNAL_AT_STEP: the same
+# with {signal} (a name in `signal`, e.g. SIGINT for Ctrl-C) sent {times} times.
 SIGTERM_AT_STEP = """
 import os, signal, sys
 from prompt_jax import cli
@@ -92,6 +93,10 @@ def log_then_sigterm(message, *args):
 summaries.log = log_then_sigterm
 sys.exit(cli.main(sys.argv[1:]))
 """
+SIGNAL_AT_STEP = SIGTERM_AT_STEP.replace(
+    "    os.kill(os.getpid(), signal.SIGTERM)",
+    "    for _ in range({times}):\n      os.kill(os.getpid(), signal.{signal})")
+assert SIGNAL_AT_STEP != SIGTERM_AT_STEP
 
 
 def _embedded_validation(prompt_length: int):

@@ -290,16 +290,20 @@ def test_failed_checkpoint_write_is_one_error(tmp_path):
 
 # ===== 4. SIGTERM (preemption) =====
 
-def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path):
+@pytest.mark.parametrize("sig,code,said", [("SIGTERM", 143, "preempted (SIGTERM)"),
+                                            ("SIGINT", 130, "interrupted (Ctrl-C)")])
+def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path, sig, code, said):
+  """A preemption (SIGTERM) or a user's Ctrl-C (SIGINT) saves the steps trained since the last
+  checkpoint (Ctrl-C used to lose them) and the same command resumes bitwise."""
   d = str(tmp_path / "preempted")
   # No periodic checkpoint before the end: what is saved is the preemption checkpoint.
   argv = run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100")
-  # SIGTERM after step 3's log line, from inside (common.SIGTERM_AT_STEP): no race with the end.
-  proc = common.cli_subprocess(argv, timeout=300,
-                               python_code=common.SIGTERM_AT_STEP.format(step=3))
+  # The signal after step 3's log line, from inside (common.SIGNAL_AT_STEP): no race with the end.
+  proc = common.cli_subprocess(argv, timeout=300, python_code=common.SIGNAL_AT_STEP.format(
+      step=3, signal=sig, times=1))
   text = proc.stdout
-  assert proc.returncode == 143, text[-3000:]
-  line = [l for l in text.splitlines() if "preempted (SIGTERM) at step" in l]
+  assert proc.returncode == code, text[-3000:]
+  line = [l for l in text.splitlines() if f"{said} at step" in l]
   assert len(line) == 1, text[-3000:]
   step = int(line[0].split("at step ")[1].split(":")[0])
   assert 3 <= step < STEPS and checkpoint_steps(d) == [step]
@@ -308,6 +312,35 @@ def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path):
   assert resumed.returncode == 0, resumed.stdout[-3000:]
   assert f"restored step {step} " in resumed.stdout
   assert common.prompt_at(d, STEPS).tobytes() == common.prompt_at(reference, STEPS).tobytes()
+
+
+def test_ctrl_c_twice_stops_at_once_without_saving(tmp_path):
+  """The second Ctrl-C is Python's KeyboardInterrupt: no checkpoint, exit 130."""
+  d = str(tmp_path / "twice")
+  proc = common.cli_subprocess(run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100"), timeout=300,
+                               python_code=common.SIGNAL_AT_STEP.format(step=3, signal="SIGINT",
+                                                                        times=2))
+  assert proc.returncode == 130, proc.stdout[-3000:]
+  assert "Ctrl-C again: stop now" in proc.stdout and "prompt-jax train: interrupted\n" in \
+      proc.stdout, proc.stdout[-3000:]
+  assert checkpoint_steps(d) == []
+
+
+def test_a_failed_run_leaves_no_signal_handler_behind(tmp_path):
+  """A run ending in an error (here the NaN guard) restores the SIGINT/SIGTERM handlers: in a
+  notebook a later Ctrl-C would otherwise only ask a finished loop to save."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+  err = io.StringIO()
+  with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    code = cli.main(run_argv(str(tmp_path / "nan"), STEPS,
+                             "--gin.prompt_jax.adafactor.learning_rate=1e999"))
+  gin.clear_config()
+  assert code == 1 and "NaN" in err.getvalue(), err.getvalue()
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 # ===== Every damage is noticed (in-process, the trainer's own restore) =====
