@@ -64,9 +64,9 @@ class PreemptionWatch:
   """`watch = PreemptionWatch().install()`; after each step `if watch.requested(step)`: save
   and stop; `watch.uninstall()` when the loop ends. SIGTERM (a preemption) and Ctrl-C (SIGINT,
   a user at the terminal) both ask for it: the steps trained since the last checkpoint are
-  saved, not lost. The same signal a second time, or one arriving after the loop ended without
-  uninstalling (an exception), acts as it normally does (SIGTERM ends the process; Ctrl-C
-  raises KeyboardInterrupt at once, without saving)."""
+  saved, not lost. The same signal a second time acts as it normally does (SIGTERM ends the
+  process; Ctrl-C raises KeyboardInterrupt at once, without saving); the other one then changes
+  nothing. A signal the process ignores (SIG_IGN) stays ignored."""
   SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
   def __init__(self):
@@ -77,7 +77,10 @@ class PreemptionWatch:
   def install(self) -> "PreemptionWatch":
     if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
       for signum in self.SIGNALS:
-        self._previous[signum] = signal.signal(signum, self._on_signal)
+        # A signal the parent ignores stays ignored: `sweep run` starts its jobs with SIGINT
+        # ignored, so a Ctrl-C at its terminal reaches the runner alone (which sends SIGTERM).
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+          self._previous[signum] = signal.signal(signum, self._on_signal)
     return self
 
   def uninstall(self) -> None:
@@ -86,10 +89,11 @@ class PreemptionWatch:
     self._previous = {}
 
   def _on_signal(self, signum, frame) -> None:  # pylint: disable=unused-argument
-    if self._requested:  # asked twice: as the signal would without us
-      self.uninstall()
-      os.kill(os.getpid(), signum)
-      return
+    if self._requested:
+      if self.SIGNALS[signum] == self.by:  # asked twice: as the signal would without us
+        self.uninstall()
+        os.kill(os.getpid(), signum)
+      return  # the other signal: the save is already on its way
     self._requested = True
     self.by = self.SIGNALS[signum]
     again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""

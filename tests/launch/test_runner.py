@@ -131,7 +131,8 @@ def test_run_needs_a_local_root(tmp_path):
 
 
 # Stands in for the trainer's preemption handling (train/guards.py): SIGTERM saves and exits
-# 143 with its "preempted" line; SIGINT is Python's KeyboardInterrupt (no save). Touches
+# 143 with its "preempted" line; SIGINT reaches no job (the runner starts them with it ignored,
+# and the trainer keeps an ignored SIGINT ignored). Touches
 # $FAKE_DIR/<pid>.started, then trains "forever" (or exits at once once $FAKE_DIR/quick exists).
 SLOW_TRAIN = f"""#!{sys.executable}
 import os, signal, sys, time

@@ -326,6 +326,18 @@ def test_ctrl_c_twice_stops_at_once_without_saving(tmp_path):
   assert checkpoint_steps(d) == []
 
 
+def test_ctrl_c_ignored_by_the_parent_stays_ignored(tmp_path):
+  """`sweep run` starts its jobs with SIGINT ignored (a Ctrl-C at its terminal is the runner's,
+  which sends the jobs SIGTERM): the trainer keeps it ignored and trains on."""
+  d = str(tmp_path / "ignored")
+  code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + \
+      common.SIGNAL_AT_STEP.format(step=3, signal="SIGINT", times=1)
+  proc = common.cli_subprocess(run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100"), timeout=300,
+                               python_code=code)
+  assert proc.returncode == 0 and "Ctrl-C" not in proc.stdout, proc.stdout[-3000:]
+  assert checkpoint_steps(d) == [STEPS]
+
+
 def test_a_failed_run_leaves_no_signal_handler_behind(tmp_path):
   """A run ending in an error (here the NaN guard) restores the SIGINT/SIGTERM handlers: in a
   notebook a later Ctrl-C would otherwise only ask a finished loop to save."""
