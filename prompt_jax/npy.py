@@ -41,6 +41,18 @@ def load(path: str, what: str, hint: str = "") -> np.ndarray:
     raise ConfigError(f"{what} is not a readable .npy array ({_reason(e)}){tail}") from e
   if array.dtype.kind not in "fiub":
     raise ConfigError(f"{what} holds {array.dtype} values, not numbers{tail}")
+  return check_finite(array, what, tail)
+
+
+def check_finite(array: np.ndarray, what: str, tail: str = "", name: str = "") -> np.ndarray:
+  """`array`, or one ConfigError if it holds NaN or Inf (a diverged run's prompt, say): trained
+  on or evaluated, it would give a NaN loss or constant predictions with no word of why."""
+  if array.dtype.kind in "fc":
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    if bad:
+      where = f" ({name})" if name else ""
+      raise ConfigError(f"{what}{where} holds {bad} NaN or Inf value(s) of {np.size(array)}, "
+                        f"not usable numbers{tail}")
   return array
 
 
@@ -59,11 +71,12 @@ def load_archive(path: str, what: str, hint: str = "") -> Dict[str, np.ndarray]:
       kind = "a .npy array" if magic == _MAGIC[:4] else "not a zip"
       raise ConfigError(f"{what} is not an .npz archive of arrays ({kind}){tail}")
     with np.load(path) as data:  # allow_pickle=False: an object array is refused
-      return {k: np.asarray(data[k]) for k in data.files}
+      arrays = {k: np.asarray(data[k]) for k in data.files}
   except ConfigError:
     raise
   except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
     raise ConfigError(f"{what} is not a readable .npz archive ({_reason(e)}){tail}") from e
+  return {k: check_finite(a, what, tail, k) for k, a in arrays.items()}
 
 
 def _safetensors(path: str, what: str, tail: str) -> Dict[str, np.ndarray]:
@@ -73,9 +86,10 @@ def _safetensors(path: str, what: str, tail: str) -> Dict[str, np.ndarray]:
   except ImportError as e:
     raise ConfigError(f"{what} is a .safetensors file: pip install safetensors") from e
   try:
-    return load_file(path)
+    arrays = load_file(path)
   except (SafetensorError, OSError, ValueError) as e:
     raise ConfigError(f"{what} is not a readable .safetensors file ({_reason(e)}){tail}") from e
+  return {k: check_finite(np.asarray(a), what, tail, k) for k, a in arrays.items()}
 
 
 def _reason(e: BaseException) -> str:

@@ -93,11 +93,13 @@ BAD_NPY_REASONS = [
     ("text", "is not a .npy array file"),
     ("pickled", "it holds pickled Python objects"),
     ("missing", "does not exist"),
+    ("nan", "holds 2 NaN or Inf value(s) of 800, not usable numbers"),
 ]
 
 
 def _bad_npy(tmp_path, kind):
-  """A file that is not one numeric .npy array: truncated, .npz, text, pickled, 1-D, missing."""
+  """A file that is not one numeric .npy array: truncated, .npz, text, pickled, 1-D, missing, or
+  one holding NaN / Inf."""
   path = tmp_path / f"{kind}.npy"
   if kind == "truncated":
     np.save(path, TABLE[:50])
@@ -111,6 +113,10 @@ def _bad_npy(tmp_path, kind):
     np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
   elif kind == "1d":
     np.save(path, TABLE[0])
+  elif kind == "nan":  # a diverged run's export
+    table = TABLE[:50].copy()
+    table[3, 4], table[7, 0] = np.nan, np.inf
+    np.save(path, table)
   return str(path)
 
 

@@ -282,6 +282,10 @@ CASES = [
         c, "--gin_file=prompts/from_file.gin",
         f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((3, 64), np.float32))}'"),
          "PROMPT_FILE"),
+    Case("prompt_file_of_nan", lambda c: train(  # a diverged run's export: a NaN loss at once
+        c, "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.full((8, 64), np.nan, np.float32))}'"),
+         "holds 512 NaN or Inf value(s) of 512, not usable numbers"),
     Case("prompt_file_pickled", lambda c: train(
         c, "--gin_file=prompts/from_file.gin",
         f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.array([{'a': 1}]), allow_pickle=True)}'"),
