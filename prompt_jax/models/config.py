@@ -55,6 +55,9 @@ class T5Config:
   padding_as_lengths: bool = True
 
   def __post_init__(self):
+    rate = self.dropout_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+      raise ValueError(f"dropout_rate (DROPOUT_RATE) must be a number in [0, 1), got {rate!r}")
     if self.remat_policy not in REMAT_POLICY_NAMES:
       raise ValueError(f"remat_policy must be one of {', '.join(REMAT_POLICY_NAMES)}, "
                        f"got {self.remat_policy!r}")

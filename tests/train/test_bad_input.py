@@ -282,6 +282,8 @@ CASES = [
         c, "--gin_file=prompts/from_file.gin",
         f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((3, 64), np.float32))}'"),
          "PROMPT_FILE"),
+    Case("dropout_rate_above_one", lambda c: train(c, "--gin.DROPOUT_RATE=2.0"),
+         "dropout_rate (DROPOUT_RATE) must be a number in [0, 1), got 2.0"),
     Case("prompt_file_of_nan", lambda c: train(  # a diverged run's export: a NaN loss at once
         c, "--gin_file=prompts/from_file.gin",
         f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.full((8, 64), np.nan, np.float32))}'"),
