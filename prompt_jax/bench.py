@@ -592,6 +592,7 @@ def stream_side(command: Sequence[str], env: Dict[str, str],
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = _parser().parse_args(argv)
+  _check_shape(args)
   if args.side:
     return _side(args)
   if args.what == "ensemble" and args.dtype != "float32":
@@ -758,6 +759,23 @@ _REFERENCE_NAMES = {
 _NO_REFERENCE = {"startup": "a restart with the first start",
                  "attention": "the kernels with the einsum path",
                  "ensemble": "one batch of N prompts with one prompt and N runs"}
+
+
+def _check_shape(args) -> None:
+  """One ConfigError line (exit 2) for a model or shape no side could run, before either starts
+  (an unknown preset or a batch of 0 failed inside a side, after the other had run)."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.models.config import PRESETS  # pylint: disable=g-import-not-at-top
+  if args.preset not in PRESETS:
+    close = difflib.get_close_matches(args.preset, sorted(PRESETS), n=1)
+    raise errors.ConfigError(f"--preset={args.preset} is not a T5 preset"
+                             f"{f' (did you mean {close[0]}?)' if close else ''}; choose one of "
+                             f"{', '.join(sorted(PRESETS))}")
+  for flag, least in (("batch", 1), ("inputs", 1), ("targets", 1), ("prompt_length", 0),
+                      ("steps", 1), ("num_layers", 1)):
+    value = getattr(args, flag)
+    if value is not None and value < least:
+      raise errors.ConfigError(f"--{flag} must be >= {least}, got {value}")
 
 
 def _check_reference(what: str, reference: str) -> None:

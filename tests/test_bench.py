@@ -70,9 +70,20 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
   assert "bench ensemble runs float32 only" in capsys.readouterr().err
 
 
-def test_bench_rejects_unknown_preset(capsys):
-  assert cli.main(["bench", "train_step", "--preset=t5_9", "--reference=none"]) == 1
-  assert "unknown T5 preset 't5_9'" in capsys.readouterr().err
+@pytest.mark.parametrize("flag,message", [
+    ("--preset=t5_1_1_smal", "--preset=t5_1_1_smal is not a T5 preset (did you mean "
+                             "t5_1_1_small?); choose one of t5_1_0_11b"),
+    ("--batch=0", "--batch must be >= 1, got 0"),
+    ("--inputs=-1", "--inputs must be >= 1, got -1"),
+    ("--steps=0", "--steps must be >= 1, got 0"),
+    ("--num_layers=0", "--num_layers must be >= 1, got 0")])
+def test_bench_refuses_a_shape_no_side_can_run_before_either_starts(flag, message, capsys):
+  """An unknown preset or a batch of 0 was found inside a side (exit 1; --batch=0 after our
+  side had run for half a minute): one line, exit 2, nothing measured."""
+  assert cli.main(["bench", "train_step", flag]) == 2
+  captured = capsys.readouterr()
+  assert captured.out == "" and captured.err.startswith(f"prompt-jax bench: error: {message}")
+  assert len(captured.err.splitlines()) == 1
 
 
 def test_bench_records_and_reports_a_rejected_flag(tmp_path, capsys, monkeypatch):
