@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import tokenize
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -97,7 +98,8 @@ def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:
   try:
     _gin().parse_config_files_and_bindings(list(files), list(bindings), finalize_config=False)
   except tokenize.TokenError as e:  # unbalanced brackets: gin does not say where
-    raise ConfigError(f"gin: {_unbalanced(files) or first_line(e)}") from e
+    raise ConfigError(f"gin: {_unbalanced(files) or _unbalanced_binding(bindings) or first_line(e)}"
+                      ) from e
   except SyntaxError as e:
     raise ConfigError(f"gin: {_binding_syntax(e) or first_line(e)}") from e
   except (ValueError, KeyError, IOError) as e:
@@ -110,8 +112,12 @@ def _binding_syntax(e: SyntaxError) -> Optional[str]:
   if e.filename is not None or not e.text or "=" not in e.text:
     return None
   name, value = (part.strip() for part in e.text.split("=", 1))
-  message = f"cannot parse the binding `{e.text.strip()}` ({str(e.msg).rstrip('.')})"
-  if value and value[0] not in "'\"[({@%" and not value[0].isdigit():
+  # gin's message may span lines and quote a Python object's repr (`<ast.Name object at 0x..>`):
+  # its readable lines, joined.
+  why = "; ".join(l.strip().rstrip(".") for l in str(e.msg).splitlines()
+                  if l.strip() and "object at 0x" not in l) or "a syntax error"
+  message = f"cannot parse the binding `{e.text.strip()}` ({why})"
+  if re.match(r"[A-Za-z_/.~]", value):  # a bare word or path: a string without its quotes
     message += (f"; a string value needs quotes inside the flag: "
                 f"--gin.{name}=\"'{value}'\"")
   return message
@@ -143,6 +149,20 @@ def _unbalanced(files: Sequence[str]) -> Optional[str]:
     except tokenize.TokenError:
       return (f"{path}: the bracket opened on line {opened[-1] if opened else '?'} is never "
               f"closed")
+  return None
+
+
+def _unbalanced_binding(bindings: Sequence[str]) -> Optional[str]:
+  """'the binding `X = {...` opens a bracket it never closes' for the first such binding
+  (--gin.X=V / --gin_bindings)."""
+  import io  # pylint: disable=g-import-not-at-top
+  for binding in bindings:
+    try:
+      list(tokenize.generate_tokens(io.StringIO(binding).readline))
+    except tokenize.TokenError:
+      name = binding.split("=", 1)[0].strip()
+      return (f"the binding `{binding.strip()}` opens a bracket it never closes; close it "
+              f"(--gin.{name}=...)")
   return None
 
 

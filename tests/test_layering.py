@@ -163,3 +163,26 @@ def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):
                         f"trained run (no config.gin): point it at a run's directory, or set "
                         f"MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, INITIAL_CHECKPOINT_PATH")
   assert err.count("\n") == 1 and not os.path.exists(tmp_path / "nothing_here")
+
+
+@pytest.mark.parametrize("flag,expected", [
+    # gin's message spans two lines and quotes an `<ast.Name object at 0x..>`.
+    ("--gin.MODEL_DIR=run", "gin: cannot parse the binding `MODEL_DIR = run` (Failed to parse "
+                            "token 'run'); a string value needs quotes inside the flag: "
+                            "--gin.MODEL_DIR=\"'run'\""),
+    # Not a string without its quotes: no advice to quote `= 3`.
+    ("--gin_bindings=TRAIN_STEPS = = 3", "gin: cannot parse the binding `TRAIN_STEPS = = 3` "
+                                         "(Unable to parse value)"),
+    # gin said ('EOF in multi-line statement', (3, 0)).
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs': 3", "gin: the binding `TASK_FEATURE_LENGTHS = "
+                                                "{'inputs': 3` opens a bracket it never "
+                                                "closes; close it "
+                                                "(--gin.TASK_FEATURE_LENGTHS=...)"),
+])
+def test_a_binding_gin_cannot_parse_is_one_line_naming_it(tmp_path, monkeypatch, capsys, flag,
+                                                          expected):
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["train", "--gin_file=runs/embedded_default.gin", flag]) == 2
+  captured = capsys.readouterr()
+  assert captured.err == f"prompt-jax train: error: {expected}\n", captured.err
+  assert captured.out == "" and os.listdir(tmp_path) == []
