@@ -253,6 +253,11 @@ CASES = [
          "NUM_PARTITIONS=3 must divide the 1 devices here"),
     Case("prompt_length_zero", lambda c: train(c, "--gin.PROMPT_LENGTH=0"),
          "PROMPT_LENGTH must be >= 1"),
+    Case("prompt_length_negative", lambda c: train(c, "--gin.PROMPT_LENGTH=-3"),
+         "PROMPT_LENGTH must be >= 1, got -3"),  # said 'prompt length must be >= 0'
+    Case("prefix_length_negative", lambda c: train(
+        c, "--gin_file=prompts/prefix.gin", "--gin.PROMPT_LENGTH=-3"),
+         "PROMPT_LENGTH must be >= 0, got -3"),  # prefixes in the layers alone take 0
     Case("more_class_labels_than_prompt_tokens", lambda c: train(
         c, "--gin_file=prompts/from_class_labels.gin", "--gin.PROMPT_LENGTH=2",
         "--gin.CLASS_LABELS=['a', 'b', 'c']"), "class labels do not fit"),

@@ -109,6 +109,7 @@ class MethodSpec:
   # The encoder's prompt/input attention visibility (prompts/visibility.py names, a list or a
   # comma-separated string); None: full visibility. Set per run by `model_spec.visibility`.
   visibility: Any = None
+  MIN_LENGTH = 1  # the smallest PROMPT_LENGTH the method takes (a class constant, not a field)
 
   # ----- what the trainer reads -----
 
@@ -178,7 +179,7 @@ class MethodSpec:
 
   def check_fits(self, inputs_length: int, max_encoder_length: Optional[int] = None) -> None:
     """One ConfigError if the prompt does not fit the task's `inputs` feature length."""
-    check_integer(self.length, "PROMPT_LENGTH")  # (before any property computes with it)
+    check_length(self.length, self.MIN_LENGTH)  # (before any property computes with it)
     try:
       if self.reads_input_tokens:
         seam.check_prompt_length(self.required_inputs_length, inputs_length,
@@ -191,7 +192,7 @@ class MethodSpec:
 
   def check(self, config: Optional[T5Config]) -> None:
     """Raises one ConfigError for a bad configuration (config-dependent checks need config)."""
-    check_length(self.length)
+    check_length(self.length, self.MIN_LENGTH)
     config_error(lambda: visibility.parse(self.visibility))
 
   def method(self, backbone: Backbone) -> Optional[ModuleFactory]:

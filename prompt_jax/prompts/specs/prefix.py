@@ -20,6 +20,7 @@ from prompt_jax.prompts.specs import base
 
 @dataclasses.dataclass(frozen=True)
 class DeepPrefixSpec(base.MethodSpec):
+  MIN_LENGTH = 0  # prefixes in the layers alone: no input-level prompt positions
   hidden: Optional[int] = None
   dropout_rate: float = 0.0
   input_prompt: Optional[base.MethodSpec] = None  # an input-level method used as well
@@ -66,7 +67,7 @@ class DeepPrefixSpec(base.MethodSpec):
     return self.input_prompt.representation_pooling if self.input_prompt is not None else None
 
   def check(self, config):
-    base.check_length(self.length, minimum=0)
+    base.check_length(self.length, self.MIN_LENGTH)
     if self.cross and not self.decoder:
       raise ConfigError("cross-attention prefixes (PREFIX_CROSS=True) come with the decoder's "
                         "self-attention prefixes: set PREFIX_DECODER=True or PREFIX_CROSS=False")
