@@ -64,6 +64,7 @@ for case in cases:
   try:
     gin_utils.parse_gin_flags([gin_dir, t5x_src], case["files"], case["bindings"],
                               finalize_config=False)
+    out["batch_size"] = gin.query_parameter("%BATCH_SIZE")
     prompt = run_setup.model_spec().prompt
     try:
       prompt.check_fits(16)
@@ -194,3 +195,9 @@ def test_logged_learning_rate_is_the_applied_one(results):
     if not (r["optimizer"] == "MultiOptimizer" and np.allclose(r["logged"], 0.3, rtol=1e-6)):
       wrong[method] = (0.3, r)
   assert not wrong, wrong
+
+
+def test_the_run_file_trains_at_lester_et_al_s_batch_size(results):
+  """t5x/runs/prompt_finetune.gin includes t5x's finetune.gin (BATCH_SIZE = 128); prompt tuning's
+  main setting (Lester et al. 2021, as `prompt-jax train`'s runs/defaults.gin) is 32."""
+  assert results["lr/prefix_first"]["batch_size"] == 32
