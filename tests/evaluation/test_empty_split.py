@@ -31,13 +31,19 @@ def _accuracy(targets, predictions):
   return {"accuracy": 100.0 * float(np.mean([t == p for t, p in zip(targets, predictions)]))}
 
 
-if EMPTY not in seqio.TaskRegistry.names():
-  seqio.TaskRegistry.add(
-      EMPTY, source=seqio.FunctionDataSource(_no_rows, splits=("train", "validation")),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
-      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
-                       for k in ("inputs", "targets")},
-      metric_fns=[_accuracy])
+def _register(name, rows_fn, splits=("train", "validation")):
+  """A text task of the embedded vocabulary whose rows `rows_fn(split, shuffle_files, seed)`
+  gives (once per process)."""
+  if name not in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.add(
+        name, source=seqio.FunctionDataSource(rows_fn, splits=splits),
+        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
+        output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
+                         for k in ("inputs", "targets")},
+        metric_fns=[_accuracy])
+
+
+_register(EMPTY, _no_rows)
 
 
 def _one_line_error(command, argv, model_dir, expected):
@@ -102,15 +108,8 @@ def test_a_multitask_run_is_refused_as_a_member_in_one_line(command, multitask_r
 TRAIN_ONLY = "test_eval_train_only"
 PART_MIXTURE = "test_eval_mixture_part_validation"
 
-if TRAIN_ONLY not in seqio.TaskRegistry.names():
-  seqio.TaskRegistry.add(
-      TRAIN_ONLY, source=seqio.FunctionDataSource(
-          lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
-              {"inputs": ["a b c"] * 3, "targets": ["c"] * 3}), splits=("train",)),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
-      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
-                       for k in ("inputs", "targets")},
-      metric_fns=[_accuracy])
+_register(TRAIN_ONLY, lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices(
+    {"inputs": ["a b c"] * 3, "targets": ["c"] * 3}), splits=("train",))
 EMPTY_MIXTURE = "test_eval_mixture_empty_part"
 for _name, _tasks in ((PART_MIXTURE, ["embedded_last_letter", TRAIN_ONLY]),
                       (EMPTY_MIXTURE, ["embedded_last_letter", EMPTY])):
@@ -154,13 +153,7 @@ def _missing_file(split, shuffle_files, seed=None):
   raise FileNotFoundError(MISSING_TEXT)
 
 
-if MISSING not in seqio.TaskRegistry.names():
-  seqio.TaskRegistry.add(
-      MISSING, source=seqio.FunctionDataSource(_missing_file, splits=("train", "validation")),
-      preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos],
-      output_features={k: seqio.Feature(embedded_task.VOCABULARY, add_eos=True)
-                       for k in ("inputs", "targets")},
-      metric_fns=[_accuracy])
+_register(MISSING, _missing_file)
 
 
 @pytest.mark.parametrize("command", ["eval", "infer", "ensemble-eval", "bank-infer"])

@@ -1,22 +1,11 @@
 """`prompt-jax export --output`: what the user names is what is written, or one line."""
-import contextlib
-import io
 import os
 
-import gin
 import numpy as np
 import pytest
 
-from prompt_jax import cli
+from tests.evaluation.test_ensemble import run_cli
 from tests.train import common
-
-
-def run_cli(argv):
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    code = cli.main(list(argv))
-  gin.clear_config()
-  return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
