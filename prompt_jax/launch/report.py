@@ -126,39 +126,29 @@ def read_series(model_dir: str) -> Dict[str, Dict[int, float]]:
   return series
 
 
-def train_steps(job: spec_lib.Job) -> Optional[int]:
-  """The steps the job trains: from its gin config (validated), its bindings, else the run's
-  MODEL_DIR/config.gin."""
-  if job.train_steps is not None:
-    return job.train_steps
+def _run_int(job: spec_lib.Job, macro: str) -> Optional[int]:
+  """The integer macro `macro` of the job: from its bindings (the last one), else the run's
+  MODEL_DIR/config.gin; None if neither gives one (no config.gin, or unreadable)."""
   for k, v in reversed(job.bindings):
-    if k == "TRAIN_STEPS":
+    if k == macro:
       try:
         return int(v.strip())
       except ValueError:
         break
   try:
     with _gfile().GFile(spec_lib.join(job.model_dir, "config.gin")) as f:
-      m = re.search(r"^TRAIN_STEPS\s*=\s*(\d+)\s*$", f.read(), re.M)
-    return int(m.group(1)) if m else None
-  except Exception:  # pylint: disable=broad-except
-    return None  # no config.gin (or unreadable): not known to have finished
-
-
-def _eval_period(job: spec_lib.Job) -> Optional[int]:
-  """EVAL_PERIOD from the job's bindings, else the run's MODEL_DIR/config.gin; None if unknown."""
-  for k, v in reversed(job.bindings):
-    if k == "EVAL_PERIOD":
-      try:
-        return int(v.strip())
-      except ValueError:
-        return None
-  try:
-    with _gfile().GFile(spec_lib.join(job.model_dir, "config.gin")) as f:
-      m = re.search(r"^EVAL_PERIOD\s*=\s*(\d+)\s*$", f.read(), re.M)
+      m = re.search(rf"^{macro}\s*=\s*(\d+)\s*$", f.read(), re.M)
     return int(m.group(1)) if m else None
   except Exception:  # pylint: disable=broad-except
     return None
+
+
+def train_steps(job: spec_lib.Job) -> Optional[int]:
+  """The steps the job trains: from its gin config (validated), its bindings, else the run's
+  MODEL_DIR/config.gin (None: not known to have finished)."""
+  if job.train_steps is not None:
+    return job.train_steps
+  return _run_int(job, "TRAIN_STEPS")
 
 
 def reached_end(job: spec_lib.Job, series: Mapping[str, Mapping[int, float]]) -> bool:
@@ -170,7 +160,7 @@ def reached_end(job: spec_lib.Job, series: Mapping[str, Mapping[int, float]]) ->
   steps = train_steps(job)
   if steps is None:
     return False
-  period = _eval_period(job)
+  period = _run_int(job, "EVAL_PERIOD")
   for k, v in series.items():
     if k.startswith(("inference_eval/", "training_eval/")) and v and max(v) < steps and \
         (period or (period is None and max(v) > 0)):
