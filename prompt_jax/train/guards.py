@@ -70,8 +70,7 @@ class PreemptionWatch:
   SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
   def __init__(self):
-    self._requested = False
-    self.by: Optional[str] = None  # what asked: "SIGTERM" or "Ctrl-C"
+    self.by: Optional[str] = None  # what asked: "SIGTERM" or "Ctrl-C"; None: nothing yet
     self._previous = {}
 
   def install(self) -> "PreemptionWatch":
@@ -89,12 +88,11 @@ class PreemptionWatch:
     self._previous = {}
 
   def _on_signal(self, signum, frame) -> None:  # pylint: disable=unused-argument
-    if self._requested:
+    if self.by is not None:
       if self.SIGNALS[signum] == self.by:  # asked twice: as the signal would without us
         self.uninstall()
         os.kill(os.getpid(), signum)
       return  # the other signal: the save is already on its way
-    self._requested = True
     self.by = self.SIGNALS[signum]
     again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""
     print(f"{self.by}: saving a checkpoint after this step, then stopping{again}", flush=True)
@@ -107,4 +105,4 @@ class PreemptionWatch:
         return multihost_utils.reached_preemption_sync_point(step)
       except RuntimeError:  # the preemption service is disabled
         return False
-    return self._requested
+    return self.by is not None
