@@ -764,13 +764,11 @@ _NO_REFERENCE = {"startup": "a restart with the first start",
 def _check_shape(args) -> None:
   """One ConfigError line (exit 2) for a model or shape no side could run, before either starts
   (an unknown preset or a batch of 0 failed inside a side, after the other had run)."""
-  import difflib  # pylint: disable=g-import-not-at-top
+  from prompt_jax.layering import did_you_mean  # pylint: disable=g-import-not-at-top
   from prompt_jax.models.config import PRESETS  # pylint: disable=g-import-not-at-top
   if args.preset not in PRESETS:
-    close = difflib.get_close_matches(args.preset, sorted(PRESETS), n=1)
-    raise errors.ConfigError(f"--preset={args.preset} is not a T5 preset"
-                             f"{f' (did you mean {close[0]}?)' if close else ''}; choose one of "
-                             f"{', '.join(sorted(PRESETS))}")
+    raise errors.ConfigError(f"--preset={args.preset} is not a T5 preset (one of "
+                             f"{', '.join(sorted(PRESETS))}){did_you_mean(args.preset, PRESETS)}")
   for flag, least in (("batch", 1), ("inputs", 1), ("targets", 1), ("prompt_length", 0),
                       ("steps", 1), ("num_layers", 1)):
     value = getattr(args, flag)

@@ -168,7 +168,6 @@ def _unbalanced_binding(bindings: Sequence[str]) -> Optional[str]:
 
 def _gin_hint(e: BaseException) -> str:
   """'did you mean' for a misspelled configurable or parameter in a gin error."""
-  import re  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   text = str(e)
   registry = gin.config._REGISTRY  # pylint: disable=protected-access
