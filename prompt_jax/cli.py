@@ -661,6 +661,11 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
                  "--gin.prompt_jax.t5_config.dtype=\"'float32'\"", EXIT_FAILURE)
   if isinstance(e, RunError):
     return _fail(command, str(e).splitlines()[0], EXIT_FAILURE)
+  oom = _out_of_memory(e)
+  if oom is not None:
+    return _fail(command, f"out of memory ({oom}): lower BATCH_SIZE, TASK_FEATURE_LENGTHS or "
+                 f"PROMPT_LENGTH; `prompt-jax plan` prints what a configuration needs per "
+                 f"device, before a run", EXIT_FAILURE)
   message = _bad_input_message(e)
   if message is not None:
     return _fail(command, message)
@@ -679,6 +684,18 @@ def _unrunnable_bfloat16_product(e: Optional[BaseException]) -> bool:
       return True
     e = e.__cause__ or e.__context__
   return False
+
+
+def _out_of_memory(e: Optional[BaseException]) -> Optional[str]:
+  """The first line of `e` (or an error it was raised from) when it is an allocation that failed:
+  numpy's / Python's MemoryError, or XLA's RESOURCE_EXHAUSTED 'Out of memory' on any backend."""
+  while e is not None:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, MemoryError) or ("RESOURCE_EXHAUSTED" in str(e)
+                                       and "out of memory" in str(e).lower()):
+      return text
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def _bad_input_message(e: Exception) -> Optional[str]:

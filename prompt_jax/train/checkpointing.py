@@ -371,12 +371,31 @@ def _check_structure(model_dir: str, step: int, abstract: Mapping[str, Any]) -> 
   except Exception as e:  # pylint: disable=broad-except
     raise CorruptCheckpoint(f"its metadata cannot be read ({_first_line(e)})") from e
   want = {k: tuple(v.shape) for k, v in leaf_paths(abstract).items()}
-  for path in sorted(set(want) | set(saved), key=lambda p: (not p.startswith("params/"), p)):
-    if saved.get(path) != want.get(path):
+  advice = (f"resume with the run's own config ({os.path.join(model_dir, 'config.gin')}) or use "
+            f"a new MODEL_DIR")
+  order = lambda p: (not p.startswith("params/"), p)  # parameters first, then optimizer state
+  for part, what in (("params/", "another method or model"), ("", "another optimizer")):
+    lacking = sorted(p for p in set(want) - set(saved) if p.startswith(part))
+    extra = sorted(p for p in set(saved) - set(want) if p.startswith(part))
+    if lacking or extra:  # name what differs (a shape message would say 'of shape None')
+      said = []
+      if lacking:
+        said.append(f"this configuration has {_some(lacking)}, which the checkpoint lacks")
+      if extra:
+        said.append(f"the checkpoint holds {_some(extra)}, which this configuration lacks")
+      raise ConfigError(f"checkpoint {step_dir(model_dir, step)} was written for {what}: "
+                        f"{'; '.join(said)}; {advice}")
+  for path in sorted(want, key=order):
+    if saved[path] != want[path]:
       raise ConfigError(
-          f"checkpoint {step_dir(model_dir, step)} holds {path} of shape {saved.get(path)} but "
-          f"this configuration has {want.get(path)}: resume with the run's own config "
-          f"({os.path.join(model_dir, 'config.gin')}) or use a new MODEL_DIR")
+          f"checkpoint {step_dir(model_dir, step)} holds {path} of shape {saved[path]} but "
+          f"this configuration has {want[path]}: {advice}")
+
+
+def _some(paths: List[str], shown: int = 2) -> str:
+  """'a, b and 3 more' (a checkpoint's leaf paths, for one error line)."""
+  more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+  return ", ".join(paths[:shown]) + more
 
 
 def _restore_one(mngr: ocp.CheckpointManager, model_dir: str, step: int,

@@ -299,6 +299,13 @@ CASES = [
          "PROMPT_FILE"),
     Case("resume_with_another_prompt_length", lambda c: train(c, "--gin.PROMPT_LENGTH=4"),
          "holds params/encoder/prompt/prompt/prompt of shape (8, 64)"),
+    Case("resume_with_another_method", lambda c: train(c, "--gin_file=prompts/dpt.gin"),
+         "was written for another method or model: this configuration has "
+         "params/encoder/prompt/prompt/a, params/encoder/prompt/prompt/b, which the checkpoint "
+         "lacks; the checkpoint holds params/encoder/prompt/prompt/prompt, which"),  # not 'shape None'
+    Case("resume_with_another_optimizer", lambda c: train(
+        c, "--gin.prompt_jax.train.optimizer=@prompt_jax.adamw()"),
+         "was written for another optimizer: this configuration has opt_state/"),
     Case("resume_with_another_batch_size", lambda c: train(c, "--gin.BATCH_SIZE=4"),
          "was written with BATCH_SIZE=8"),
     Case("train_steps_below_the_checkpoint", lambda c: train(c, steps=1),
