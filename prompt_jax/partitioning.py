@@ -106,10 +106,18 @@ def check_divisible(shapes: Any, shardings: Any) -> None:
   fits = [n for n in range(1, mesh.size + 1)
           if mesh.size % n == 0 and all(size % n == 0 for size in sizes)]
   names = ", ".join(f"'{a}'" for a in axes)
-  raise ConfigError(
-      f"NUM_PARTITIONS={partitions} splits {path} {shape} along a dimension of {size} over "
-      f"{devices} devices ({names} mesh axis), which do not divide it; the largest "
-      f"NUM_PARTITIONS this model fits is {max(fits)}")
+  raise Indivisible(partitions, f"{path} {shape} along a dimension of {size} over {devices} "
+                    f"devices ({names} mesh axis), which do not divide it", max(fits))
+
+
+class Indivisible(ConfigError):
+  """check_divisible's refusal: `detail` names the array split, `largest` the largest model
+  axis (NUM_PARTITIONS) the model fits; a command with its own flags words it in them."""
+
+  def __init__(self, partitions: int, detail: str, largest: int):
+    super().__init__(f"NUM_PARTITIONS={partitions} splits {detail}; the largest NUM_PARTITIONS "
+                     f"this model fits is {largest}")
+    self.detail, self.largest = detail, largest
 
 
 def logical_specs(boxed_variables: Any) -> Any:

@@ -151,9 +151,15 @@ def _plan(args) -> Dict[str, float]:
   lengths = {"inputs": args.inputs, "targets": args.targets}
   spec = specs.prompt_tuning(length=args.prompt_length)
   # The program `train` compiles: its guarded step for the run's layout, with its shardings.
-  planned = run_setup.layout(config=config, prompt=spec, feature_lengths=lengths,
-                             trainable_regex=spec.trainable_regex, mesh=mesh,
-                             frozen_dtype=args.frozen_dtype)
+  try:
+    planned = run_setup.layout(config=config, prompt=spec, feature_lengths=lengths,
+                               trainable_regex=spec.trainable_regex, mesh=mesh,
+                               frozen_dtype=args.frozen_dtype)
+  except partitioning.Indivisible as e:  # in plan's flags, not train's NUM_PARTITIONS
+    devices = data * model_parallel
+    raise ConfigError(f"--mesh={args.mesh} splits {e.detail}; on {devices} devices the largest "
+                      f"model axis this model fits is {e.largest} "
+                      f"(--mesh={devices // e.largest}x{e.largest})") from None
   trainable, frozen = planned.trainable, planned.frozen
   tx = (optimizers.adafactor() if args.optimizer == "adafactor" else optimizers.adamw()).tx
   state = state_lib.abstract_state(trainable, state_lib.shardings_of(trainable), tx, mesh)

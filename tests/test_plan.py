@@ -1,8 +1,6 @@
 """`prompt-jax plan` (issue 11): the train step compiled ahead of time on a fake mesh, from
 abstract shapes, with per-device memory that follows the sharding."""
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -54,6 +52,18 @@ def test_plan_refuses_a_bad_mesh():
   proc = cli_subprocess(["plan", *TINY, "--mesh=8by8"], devices=1, timeout=300)
   assert proc.returncode == 2
   assert "prompt-jax plan: error: --mesh='8by8'" in proc.stdout
+
+
+def test_plan_words_an_indivisible_model_axis_in_its_own_flag():
+  """A model axis that does not divide the model's dimensions names --mesh and the mesh that
+  fits, not train's NUM_PARTITIONS (a macro plan has no flag for)."""
+  proc = cli_subprocess(["plan", *TINY, "--mesh=1x3"], devices=1, timeout=300)
+  assert proc.returncode == 2, proc.stdout[-3000:]
+  error = [l for l in proc.stdout.splitlines() if "error" in l]
+  assert error == [
+      "prompt-jax plan: error: --mesh=1x3 splits decoder/layers_0/encoder_decoder_attention/key/"
+      "kernel (64, 64) along a dimension of 64 over 3 devices ('model' mesh axis), which do not "
+      "divide it; on 3 devices the largest model axis this model fits is 1 (--mesh=3x1)"], error
 
 
 def _temp_mib(proc) -> float:
