@@ -24,14 +24,12 @@ from prompt_jax.embedded import task as task_lib
 from prompt_jax.models import T5
 from prompt_jax.train import state as state_lib
 
-EMBEDDED_MODEL = dict(emb_dim=64, num_heads=4, head_dim=16, mlp_dim=256, num_encoder_layers=2,
-                      num_decoder_layers=2, vocab_size=task_lib.MODEL_VOCAB_SIZE,
-                      dropout_rate=0.0, dtype="float32")
+EMBEDDED_MODEL = dict(vocab_size=task_lib.MODEL_VOCAB_SIZE, dropout_rate=0.0, dtype="float32")
 INPUT_LENGTH, TARGET_LENGTH = 20, 4
 
 
 def embedded_config():
-  return run_setup.t5_config(preset="t5_1_1_small", **EMBEDDED_MODEL)
+  return run_setup.t5_config(preset="embedded_tiny", **EMBEDDED_MODEL)
 
 
 def encode(texts, length):

@@ -71,7 +71,8 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
 
 
 @pytest.mark.parametrize("flag,message", [
-    ("--preset=t5_1_1_smal", "--preset=t5_1_1_smal is not a T5 preset (one of t5_1_0_11b, "
+    ("--preset=t5_1_1_smal", "--preset=t5_1_1_smal is not a T5 preset (one of embedded_tiny, "
+                             "t5_1_0_11b, "
                              "t5_1_0_3b, t5_1_0_base, t5_1_0_large, t5_1_0_small, t5_1_1_base, "
                              "t5_1_1_large, t5_1_1_small, t5_1_1_xl, t5_1_1_xxl); did you mean "
                              "t5_1_1_small?"),

@@ -95,6 +95,11 @@ PRESETS = {
     "t5_1_1_large": _t5_1_1(1024, 16, 24, 64, 2816),
     "t5_1_1_xl": _t5_1_1(2048, 32, 24, 64, 5120),
     "t5_1_1_xxl": _t5_1_1(4096, 64, 24, 64, 10240),
+    # prompt-jax's own: the embedded default's tiny T5 1.1 (64-d, 2+2 layers, a byte vocabulary
+    # of 260 ids), pretrained by launch/pretrain_embedded.py (gin/models/embedded_tiny.gin). A
+    # preset of its own, so that a models/*.gin file named after the embedded default gives
+    # that model, not its preset under the tiny model's sizes.
+    "embedded_tiny": _t5_1_1(64, 4, 2, 16, 256).replace(vocab_size=260),
 }
 
 

@@ -281,6 +281,10 @@ CASES = [
          "INITIAL_CHECKPOINT_PATH"),
     Case("initial_checkpoint_of_another_size", lambda c: train(
         c, "--gin.prompt_jax.t5_config.emb_dim=128"), "INITIAL_CHECKPOINT_PATH"),
+    Case("model_file_after_the_embedded_default", lambda c: train(  # once trained the tiny model
+        c, "--gin_file=models/t5_1_1_small.gin"),  # under t5_1_1_small's name, without a word
+         "'token_embedder/embedding' has shape (260, 64) but the config expects (32128, 512)",
+         model_dir="fresh"),
     Case("vocabulary_larger_than_embedding", lambda c: train(
         c, "--gin.prompt_jax.t5_config.vocab_size=128"), "vocabulary has 259 ids"),
     Case("prompt_file_of_wrong_shape", lambda c: train(
