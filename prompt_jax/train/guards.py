@@ -56,8 +56,9 @@ def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Option
   last = last_good()
   kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been saved yet"
   raise RunError(f"{what} became NaN or Inf at step {bad}; stopped at step {step} without "
-                 f"saving; {kept}. Lower the learning rate (or check the data near that step) "
-                 f"and run again: it resumes from the last good checkpoint")
+                 f"saving; {kept}. Lower the learning rate (--gin.LEARNING_RATE=...; or check "
+                 f"the data near that step) and run again: it resumes from the last good "
+                 f"checkpoint")
 
 
 class PreemptionWatch:

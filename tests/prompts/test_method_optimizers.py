@@ -40,3 +40,38 @@ def test_method_file_binds_its_reference_optimizer(method, method_first):
     ref_updates, ref_state = ref.update(grads, ref_state, params)
     np.testing.assert_array_equal(updates["a"], ref_updates["a"])
     params = optax.apply_updates(params, updates)
+
+
+OWN_RATE = {  # run/method files -> the rate they train with (the papers'), unless overridden
+    (): 0.3,  # prompt tuning: Lester et al.'s Adafactor
+    ("prompts/dpt.gin",): 0.3,
+    ("prompts/prefix.gin",): 5e-5,
+    ("prompts/prefix_ipt.gin",): 5e-5,
+    ("prompts/idpg.gin",): 5e-4,
+    ("prompts/idpg_multilayer.gin",): 5e-4,
+    ("prompts/residual.gin",): 0.3,
+    ("runs/model_finetune.gin",): 1e-3,
+}
+METHOD_MACRO = {"prompts/dpt.gin": "DPT_LR", "prompts/prefix.gin": "PREFIX_LR",
+                "prompts/idpg.gin": "IDPG_LR", "prompts/residual.gin": "RESIDUAL_LR"}
+
+
+def _applied_rate(files, bindings):
+  cli.parse_gin(["models/t5_1_1_small.gin", "runs/prompt_finetune.gin", *files], bindings, [])
+  try:
+    optimizer = gin.query_parameter("prompt_jax.train.optimizer").scoped_configurable_fn()
+  finally:
+    gin.clear_config()
+  return float(optimizer.schedule(0)), float(optimizer.schedule(1000))
+
+
+@pytest.mark.parametrize("files", sorted(OWN_RATE), ids=lambda f: f[0] if f else "prompt_tuning")
+def test_learning_rate_macro_sets_every_methods_rate(files):
+  """--gin.LEARNING_RATE (t5x's macro) is the rate of whatever optimizer the configuration
+  trains with; it once was a macro nothing read under `prompt-jax train` (a note, and a sweep
+  over it trained every job at the method's rate). Without it, each file's own rate holds, and
+  a method's own macro (DPT_LR, ...) still sets it."""
+  assert _applied_rate(files, []) == (OWN_RATE[files],) * 2
+  assert _applied_rate(files, ["LEARNING_RATE = 0.0123"]) == (0.0123, 0.0123)
+  if files and files[0] in METHOD_MACRO:
+    assert _applied_rate(files, [f"{METHOD_MACRO[files[0]]} = 0.0456"]) == (0.0456, 0.0456)
