@@ -679,22 +679,17 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
 def _unrunnable_bfloat16_product(e: Optional[BaseException]) -> bool:
   """Whether `e` (or an error it was raised from) is XLA CPU's run-time refusal of a bfloat16
   product summed in float32 (models/layers.py CPU_PRODUCTS_ENV)."""
-  while e is not None:
-    if "DotThunk" in str(e) and "BF16 x BF16 = F32" in str(e):
-      return True
-    e = e.__cause__ or e.__context__
-  return False
+  return any("DotThunk" in str(c) and "BF16 x BF16 = F32" in str(c) for c in errors.causes(e))
 
 
 def _out_of_memory(e: Optional[BaseException]) -> Optional[str]:
   """The first line of `e` (or an error it was raised from) when it is an allocation that failed:
   numpy's / Python's MemoryError, or XLA's RESOURCE_EXHAUSTED 'Out of memory' on any backend."""
-  while e is not None:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e, MemoryError) or ("RESOURCE_EXHAUSTED" in str(e)
-                                       and "out of memory" in str(e).lower()):
-      return text
-    e = e.__cause__ or e.__context__
+  for c in errors.causes(e):
+    text = str(c).strip()
+    if isinstance(c, MemoryError) or ("RESOURCE_EXHAUSTED" in text
+                                       and "out of memory" in text.lower()):
+      return text.splitlines()[0] if text else type(c).__name__
   return None
 
 

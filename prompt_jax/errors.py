@@ -10,7 +10,17 @@ Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command r
 import argparse
 import numbers
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
+
+
+def causes(e: Optional[BaseException]) -> Iterator[BaseException]:
+  """`e`, then each error it was raised from or while handling (`__cause__`, else
+  `__context__`), once each."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
 
 
 class ConfigError(ValueError):

@@ -33,3 +33,16 @@ def test_none_only_where_allowed():
     check_integer("a", "RANDOM_SEED", none_ok=True)
   with pytest.raises(ConfigError, match=r"^KEEP_CHECKPOINTS must be >= 1, got 0$"):
     check_integer(0, "KEEP_CHECKPOINTS", 1, none_ok=True)
+
+
+def test_causes_walks_the_chain_once_each():
+  """errors.causes: the error, what it was raised from (__cause__) or while handling
+  (__context__), and stops at a cycle instead of looping."""
+  from prompt_jax.errors import causes  # pylint: disable=g-import-not-at-top
+  inner, middle, outer = KeyError("a"), ValueError("b"), RuntimeError("c")
+  middle.__context__ = inner
+  outer.__cause__ = middle
+  assert list(causes(outer)) == [outer, middle, inner]
+  inner.__context__ = outer  # a cycle
+  assert list(causes(outer)) == [outer, middle, inner]
+  assert not list(causes(None))

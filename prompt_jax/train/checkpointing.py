@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 
 from prompt_jax import run_setup
 from prompt_jax import trees
-from prompt_jax.errors import ConfigError, RunError
+from prompt_jax.errors import ConfigError, RunError, causes
 from prompt_jax.train import state as state_lib
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -463,13 +463,7 @@ def data_config(cfg) -> Dict[str, Any]:
 
 def _cause(e: Optional[BaseException], kind: type) -> Optional[BaseException]:
   """`e` or the first exception of its cause/context chain that is a `kind`."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    if isinstance(e, kind):
-      return e
-    seen.add(id(e))
-    e = e.__cause__ or e.__context__
-  return None
+  return next((c for c in causes(e) if isinstance(c, kind)), None)
 
 
 def latest_intact(model_dir: str, restore: Callable[[int], Any], use: str = "resuming from"

@@ -32,7 +32,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from prompt_jax.errors import ConfigError, check_integer
+from prompt_jax.errors import ConfigError, causes, check_integer
 from prompt_jax.prompts import multitask as multitask_prompts
 
 
@@ -130,17 +130,14 @@ def _user_data_error(e: BaseException) -> Optional[str]:
     from prompt_jax.tasks import DataFormatError  # pylint: disable=g-import-not-at-top
   except ImportError:
     DataFormatError = FileNotFoundError  # pylint: disable=invalid-name
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, (FileNotFoundError, DataFormatError)):
-      text = str(e).strip()
-      return text.splitlines()[0] if text else type(e).__name__
+  for c in causes(e):
+    if isinstance(c, (FileNotFoundError, DataFormatError)):
+      text = str(c).strip()
+      return text.splitlines()[0] if text else type(c).__name__
     for name in ("FileNotFoundError", "DataFormatError"):  # wrapped as text by autograph
-      for line in str(e).splitlines():
+      for line in str(c).splitlines():
         if line.strip().startswith(name + ": "):
           return line.strip()[len(name) + 2:]
-    e = e.__cause__ or e.__context__
   return None
 
 
