@@ -305,6 +305,16 @@ def check_required(command: str, layers=None) -> None:
                  f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file")
 
 
+def check_job(command: str) -> None:
+  """A sweep job's parsed config, checked as `prompt-jax <command>` checks it before it runs:
+  the required macros, then (train) the run's values: types and ranges, the method's spec, the
+  optimizer (`loop.train(check_only=True)`: nothing read, written or compiled)."""
+  check_required(command)
+  if command == "train":
+    from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+    loop.train(check_only=True)
+
+
 def _binds_a_model() -> bool:
   """Whether some gin file bound the backbone (a models/*.gin file binds its preset)."""
   import gin  # pylint: disable=g-import-not-at-top
@@ -624,7 +634,7 @@ def _tasks(argv: List[str], verbose: bool) -> int:
 def _sweep(argv: List[str], verbose: bool) -> int:  # design-decision sweeps (prompt_jax/launch)
   del verbose
   from prompt_jax.launch import sweep  # pylint: disable=g-import-not-at-top
-  return sweep.main(argv, parse_gin=parse_gin, check_required=check_required)  # jobs' gin
+  return sweep.main(argv, parse_gin=parse_gin, check_required=check_job)  # jobs' gin
 
 
 def _recycle(argv: List[str], verbose: bool) -> int:  # a prompt from one model to another

@@ -29,6 +29,7 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from prompt_jax.errors import ConfigError, make_dirs
 from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
 
@@ -338,20 +339,31 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
   """Writes report.csv, report.md and the figures; returns their paths and the figure data."""
   out_dir = out_dir or (spec_lib.join(sweep.root, "report") if sweep.local
                         else os.path.abspath(os.path.join("sweep_runs", sweep.name, "report")))
-  os.makedirs(out_dir, exist_ok=True)
+  if sweep.local and not os.path.exists(sweep.root):
+    raise ConfigError(f"sweep root {sweep.root} does not exist: no job of this sweep ran there; "
+                      f"give the --root its jobs ran under, or run them first: "
+                      f"{sweep.command('run')}")
   results = collect(sweep)
+  source = "--metric" if metric else "report.metric"
   metric = metric or sweep.report.get("metric")
   patterns = [metric] if metric else list(DEFAULT_METRICS)
   all_names = sorted({n for r in results for n in r.series
                       if not n.startswith("train/") or n == "train/loss"})
   axis_names = [a.name for a in sweep.axes]
+  chosen = choose_metric(patterns, results)
+  every = sorted({n for r in results for n in r.series})
+  if metric and chosen is None and every:  # (no job has written metrics yet: nothing to check)
+    raise ConfigError(f"{source} {metric!r} matches none of the jobs' metrics"
+                      f"{spec_lib.did_you_mean(metric, every)} (they have "
+                      f"{', '.join([n for n in every if not n.startswith('train/')] or every)}"
+                      f"; a pattern may use * and ?)")
+  make_dirs(out_dir, "--out")  # (after the checks: a refused report keeps the last one)
 
   # report.csv: one row per job.
   header = ["job", *axis_names, *spec_lib.REPORT_COLUMNS[1:]]
   for n in all_names:
     header += [f"final/{n}", f"best/{n}"]
   rows = []
-  chosen = choose_metric(patterns, results)
   for r in results:
     name = chosen if chosen in r.series else None
     final, best = (r.final(name), r.best(name)) if name else (None, None)

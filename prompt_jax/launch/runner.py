@@ -30,7 +30,7 @@ import time
 from typing import Dict, List, Optional, TextIO, Tuple
 
 from prompt_jax import console
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, make_dirs
 from prompt_jax.launch import spec as spec_lib
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
@@ -60,6 +60,9 @@ def read_status(root: str) -> Dict:
       return json.load(f)
   except FileNotFoundError:
     return {"jobs": {}}
+  except NotADirectoryError as e:
+    raise ConfigError(f"--root {root}: a file is in the way of the sweep's directory; choose "
+                      f"another --root") from e
   except json.JSONDecodeError as e:
     raise ConfigError(f"{status_path(root)} is not valid JSON ({e}); move it away to start the "
                       f"sweep's bookkeeping afresh (finished runs resume from their MODEL_DIRs)")
@@ -282,7 +285,7 @@ def run(sweep: spec_lib.Sweep, parallel: int = 1, retry_failed: bool = False,
   if not stop_timeout >= 0:
     raise ConfigError(f"--stop_timeout must be >= 0 seconds, got {stop_timeout}")
   root = sweep.root
-  os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+  make_dirs(os.path.join(root, "logs"), "--root")
   with _Lock(root):
     return _Runner(sweep, parallel, retry_failed, out, stop_timeout).run()
 
@@ -477,8 +480,7 @@ class _Runner:
     finally:
       signal.signal(signal.SIGTERM, previous)
     c = self._counts()
-    where = (f"status: {status_path(self.root)}; report: prompt-jax sweep report "
-             f"{self.sweep.path}")
+    where = f"status: {status_path(self.root)}; report: {self.sweep.command('report')}"
     if self.interrupted:
       took = console.clock_text(time.time() - t0)
       self._print(f"sweep {self.sweep.name}: interrupted after {took} "

@@ -36,6 +36,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from prompt_jax import paths
@@ -128,6 +129,15 @@ class Sweep:
   eval_bindings: Tuple[Tuple[str, str], ...] = ()  # own, ${axis} filled (Job.eval_*)
   report: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   binding_sources: Dict[str, str] = dataclasses.field(default_factory=dict)
+  flags: Tuple[str, ...] = ()  # --root (when given) and the --gin overrides, as on the command
+
+  def command(self, subcommand: str, *extra: str) -> str:
+    """`prompt-jax sweep SUBCOMMAND SPEC` with this sweep's --root (when given) and --gin
+    overrides (but for report, which reads only the MODEL_DIRs): the line a final message
+    tells the user to run."""
+    flags = [f for f in self.flags if subcommand != "report" or not f.startswith("--gin.")]
+    return " ".join(["prompt-jax sweep", subcommand,
+                     *map(shlex.quote, [self.path, *flags, *extra])])
 
   @property
   def local(self) -> bool:
@@ -417,6 +427,7 @@ def build(spec: str, root: Optional[str] = None,
   name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
   if not re.fullmatch(r"[A-Za-z0-9._+-]+", name):
     raise ConfigError(f"name: {name!r} must be path-safe (letters, digits, . _ + -)")
+  given_root = bool(root)
   root = root or data.get("root") or os.path.join("sweep_runs", name)
   root = str(root)
   if not is_remote(root):
@@ -561,8 +572,10 @@ def build(spec: str, root: Optional[str] = None,
                         f"each axis distinct")
     dirs[job.model_dir] = job
   report = _report(data.get("report"), by_name)
+  flags = ((f"--root={root}",) if given_root else ()) + tuple(
+      f"--gin.{k}={v}" for k, v in overrides)
   return Sweep(name, path, root, axes, tuple(zip_groups), tuple(seeds), jobs, eval_files,
-               eval_bindings, report, sources)
+               eval_bindings, report, sources, flags)
 
 
 FIGURE_KEYS = ("x", "lines", "metric", "value", "x_values", "x_label", "log_x", "title")
@@ -653,18 +666,22 @@ def gin_macros() -> set:
 
 
 def _first_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  """The error's first two lines (a gin parse error's second names the place), without the
+  "In call to configurable ..." gin appends to an error raised inside a configurable."""
+  lines = [l.strip() for l in str(e).splitlines()
+           if l.strip() and not l.strip().startswith("In call to configurable")]
   return "; ".join(lines[:2]) if lines else type(e).__name__
 
 
 def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
                  check_required: Callable[[str], None], check_eval: bool = False) -> None:
   """Parses each job's gin config as `prompt-jax train` would: unknown macros (did you mean),
-  unknown configurables or parameters, missing required macros. Sets each job's train_steps.
+  unknown configurables or parameters, missing required macros, and (`check_required`) the
+  values train checks before it runs. Sets each job's train_steps.
   `check_eval`: also each group's `prompt-jax eval` config (the emitted eval jobs).
 
   `parse_gin(files, bindings, search_paths)` and `check_required(command)` are the CLI's (passed
-  in: launch/ sits below cli.py).
+  in: launch/ sits below cli.py; its `check_job`: the required macros and train's value checks).
   """
   import gin  # pylint: disable=g-import-not-at-top
   firsts = list({job.group: job for job in reversed(sweep.jobs)}.values())[::-1]

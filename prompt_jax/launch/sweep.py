@@ -93,7 +93,7 @@ def plan_lines(sweep: spec_lib.Sweep) -> List[str]:
     lines.append("prompt-jax " + emit.command_line(job.train_args()))
   n_eval = sum(len(emit.group_eval_commands(sweep, g)) for g in sweep.groups().values())
   lines.append(f"{len(sweep.jobs)} train jobs in {len(sweep.groups())} groups (+{n_eval} eval "
-               f"jobs in `sweep emit` scripts); run them: prompt-jax sweep run {sweep.path}")
+               f"jobs in `sweep emit` scripts); run them: {sweep.command('run')}")
   return lines
 
 

@@ -159,7 +159,7 @@ def train(*, model_dir: str = gin.REQUIRED,
           eval_before_training: bool = False,
           infer_fn: Optional[Callable[..., Dict[str, float]]] = None,
           cache_representations: bool = True, num_data_shards: int = 1,
-          compile_ahead: bool = True):
+          compile_ahead: bool = True, check_only: bool = False):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
 
   `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
@@ -189,14 +189,26 @@ def train(*, model_dir: str = gin.REQUIRED,
   Reliability (README "When things go wrong"): resumes from the newest intact checkpoint (broken
   newer ones are moved to MODEL_DIR/corrupt_checkpoints), stops on a non-finite loss without
   saving it, and saves a checkpoint then raises `Preempted` on SIGTERM.
+
+  `check_only`: check the configured values (types, ranges, the method's spec, the optimizer)
+  and return None: nothing is read, written or compiled (`sweep` checks each job so before any
+  runs).
   """
   startup = startup_lib.StartupTimer()
   model = model or run_setup.model_spec()
   optimizer = optimizer or optimizers.adafactor()
   _check_run_values(model_dir, total_steps, checkpoint_period=checkpoint_period,
                     stats_period=stats_period, keep_checkpoints=keep_checkpoints,
-                    eval_period=eval_period, random_seed=random_seed)
+                    eval_period=eval_period, random_seed=random_seed,
+                    writable=not check_only)
   losses.check_normalizing_factor(loss_normalizing_factor)
+  if check_only:  # (what follows needs the devices, the data or the checkpoint)
+    data_lib.check_config(train_dataset_cfg)
+    check_integer(train_dataset_cfg.batch_size, "BATCH_SIZE", 1)
+    if model.prompt is not None:
+      model.prompt.check(model.config)
+      model.prompt.check_fits(train_dataset_cfg.task_feature_lengths["inputs"])
+    return None
   mesh = partitioning.create_mesh(num_partitions)
   run_setup.check_batch(train_dataset_cfg.batch_size, mesh)
   task = data_lib.checked_task(train_dataset_cfg)
@@ -403,8 +415,10 @@ def train(*, model_dir: str = gin.REQUIRED,
 
 def _check_run_values(model_dir: Any, total_steps: Any, *, checkpoint_period: Any = 1,
                       stats_period: Any = 1, keep_checkpoints: Any = None,
-                      eval_period: Any = 0, random_seed: Any = 0) -> None:
-  """Values checked before any compilation, data loading or writing."""
+                      eval_period: Any = 0, random_seed: Any = 0,
+                      writable: bool = True) -> None:
+  """Values checked before any compilation, data loading or writing (`writable`: and that
+  MODEL_DIR can be written)."""
   if not isinstance(model_dir, str) or not model_dir:
     raise ConfigError(f"MODEL_DIR must be a directory path string, got {model_dir!r}")
   check_integer(random_seed, "RANDOM_SEED")
@@ -414,7 +428,8 @@ def _check_run_values(model_dir: Any, total_steps: Any, *, checkpoint_period: An
   check_integer(eval_period, "EVAL_PERIOD", 0, " (0: no evaluation during training)")
   # (0 would have orbax delete each checkpoint as it is written)
   check_integer(keep_checkpoints, "KEEP_CHECKPOINTS", 1, " or None (keep them all)", none_ok=True)
-  checkpointing.check_writable(model_dir)
+  if writable:
+    checkpointing.check_writable(model_dir)
 
 
 def _resumed(mngr, model_dir: str, restored: checkpointing.Restored,

@@ -69,7 +69,7 @@ def _emit(tmp_path, spec_text, *argv):
 
 def _gin_fns():
   from prompt_jax import cli  # pylint: disable=g-import-not-at-top
-  return cli.parse_gin, cli.check_required
+  return cli.parse_gin, cli.check_job
 
 
 def _records(path):
@@ -145,7 +145,11 @@ def _run_local_script(tmp_path, spec_text):
 
 
 def test_local_script(tmp_path):
-  _run_local_script(tmp_path, helpers.TINY_SPEC)
+  sweep, output = _run_local_script(tmp_path, helpers.TINY_SPEC)
+  # Its last line names the report command for this root (emitted with --root).
+  assert output.strip().splitlines()[-1] == (
+      f"sweep tiny: all jobs done; report: prompt-jax sweep report {sweep.path} "
+      f"--root={sweep.root}")
 
 
 def _arms(script_text):
@@ -308,16 +312,17 @@ def test_a_slurm_out_directory_with_a_newline_is_one_line(tmp_path):
 
 
 def test_an_output_path_in_the_way_is_one_line_without_traceback(tmp_path):
-  """Not a bad spec but a file where emit must make a directory: one line, exit 1, like every
-  other command (sweep errors went through no error handler)."""
+  """Not a bad spec but a file where emit must make a directory: one line naming --out, exit 2
+  (was the NotADirectoryError's words, exit 1)."""
   spec = helpers.write_spec(tmp_path, helpers.TINY_SPEC)
   in_the_way = tmp_path / "a_file"
   in_the_way.write_text("")
   rc, out, err = helpers.sweep_cli(["emit", spec, f"--root={tmp_path / 'root'}",
                                     "--target=local-script", f"--out={in_the_way / 'launch'}"])
-  assert rc == 1, (out, err)
+  assert rc == 2, (out, err)
   lines = [l for l in err.splitlines() if l.startswith("prompt-jax")]
-  assert len(lines) == 1 and "NotADirectoryError" in lines[0], err
+  assert lines == [f"prompt-jax sweep: error: --out: cannot create the directory "
+                   f"{in_the_way / 'launch'} (Not a directory); choose another place"], err
   assert "Traceback" not in err + out
 
 

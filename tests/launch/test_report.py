@@ -2,6 +2,9 @@
 import csv
 import os
 
+import pytest
+
+from prompt_jax.errors import ConfigError
 from prompt_jax.launch import report
 from prompt_jax.launch import spec as spec_lib
 from tests.launch import helpers
@@ -20,9 +23,16 @@ report:
 """
 
 
+def _sweep(spec, tmp_path):
+  """The sweep of `spec` under tmp_path/root, which exists (its jobs ran there)."""
+  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  os.makedirs(sweep.root)
+  return sweep
+
+
 def test_figures_of_the_same_axes_do_not_overwrite_each_other(tmp_path, monkeypatch):
   spec = helpers.write_spec(tmp_path, SPEC)
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
 
   def fake_series(model_dir):
     n = float(os.path.basename(model_dir).split("__")[0].split("-")[1])
@@ -45,7 +55,7 @@ def test_unfinished_jobs_stay_out_of_the_means(tmp_path, monkeypatch):
   the jobs table, with its state)."""
   from prompt_jax.launch import runner  # pylint: disable=g-import-not-at-top
   spec = helpers.write_spec(tmp_path, SPEC)
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
   states = {job.name: runner.DONE for job in sweep.jobs}
   mid_run = [j.name for j in sweep.jobs if j.values["PROMPT_LENGTH"] == "4" and j.seed == 1][0]
   states[mid_run] = runner.RUNNING
@@ -79,7 +89,7 @@ def test_without_a_status_file_a_run_short_of_train_steps_is_incomplete(tmp_path
   """Emitted scripts write no status file: a job that crashed at step 1 of 4 has events too,
   but its values are not a finished run's."""
   spec = helpers.write_spec(tmp_path, SPEC)
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
   crashed = sweep.jobs[0]  # PROMPT_LENGTH 4, seed 0
   saved = sweep.jobs[2]  # PROMPT_LENGTH 4, seed 1: no train event at 4, but its last checkpoint
   os.makedirs(os.path.join(saved.model_dir, "checkpoints", "4"))
@@ -108,7 +118,7 @@ def test_one_metric_per_table_and_figure(tmp_path, monkeypatch):
   """A job without inference_eval/*/accuracy is left empty, not shown (and averaged) with its
   train/loss in place of the others' accuracies."""
   spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0])
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
   lacking = sweep.jobs[1]  # PROMPT_LENGTH 8, seed 0
 
   def series_of(name):
@@ -141,7 +151,7 @@ def test_eval_jobs_results_reach_the_report(tmp_path):
   from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
   spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0]
                             + "report: {metric: eval/*/accuracy}\n")
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
 
   def write(logdir, step, tag, value):
     w = EventFileWriter(logdir)
@@ -166,7 +176,7 @@ def test_without_a_status_file_a_run_killed_in_its_final_evaluation_is_incomplet
   from prompt_jax.train import summaries  # pylint: disable=g-import-not-at-top
   spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0].replace(
       "{TRAIN_STEPS: 4}", "{TRAIN_STEPS: 4, EVAL_PERIOD: 2}"))
-  sweep = spec_lib.build(spec, root=str(tmp_path / "root"))
+  sweep = _sweep(spec, tmp_path)
   killed, killed_tf = sweep.jobs[0], sweep.jobs[1]
   for job in sweep.jobs:
     os.makedirs(os.path.join(job.model_dir, "checkpoints", "4"))
@@ -200,3 +210,75 @@ def test_best_skips_non_finite_values():
   assert r.best("train/loss") == (4, 0.4)
   assert r.best("training_eval/t/loss") is None  # as a metric the job lacks
   assert r.final("inference_eval/t/accuracy")[0] == 4  # final stays the last step's value
+
+
+def test_a_root_where_nothing_ran_is_refused_not_created(tmp_path):
+  """`sweep report` on a mistyped --root said `0/4 jobs with metrics` and created the root with
+  an empty report: one line naming the root and what to do, nothing created, exit 2."""
+  spec = helpers.write_spec(tmp_path, SPEC)
+  root = tmp_path / "no_such_root"
+  rc, out, err = helpers.sweep_cli(["report", spec, f"--root={root}"])
+  assert rc == 2, (out, err)
+  assert err.strip() == (
+      f"prompt-jax sweep: error: sweep root {root} does not exist: no job of this sweep ran "
+      f"there; give the --root its jobs ran under, or run them first: prompt-jax sweep run "
+      f"{spec} --root={root}")
+  assert not root.exists()
+
+
+@pytest.mark.parametrize("metric, expected", [
+    ("inference_eval/*/acuracy", "did you mean inference_eval/t/accuracy?"),
+    ("f1", "(they have inference_eval/t/accuracy; a pattern may use * and ?)"),
+])
+def test_a_metric_no_job_has_keeps_the_last_report(tmp_path, monkeypatch, metric, expected):
+  """A mistyped --metric wrote report.md/csv over the good ones with empty tables (exit 0): it
+  is one line with the metrics the jobs have, and the last report stays."""
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0])
+  sweep = _sweep(spec, tmp_path)
+  monkeypatch.setattr(report, "read_series", lambda d: {
+      "inference_eval/t/accuracy": {4: 0.5}, "train/loss": {4: 1.0}})
+  out = report.write(sweep)
+  with open(out["md"]) as f:
+    good = f.read()
+  assert "| 4 | 2 | 0.5000 ± 0.0000 |" in good
+  with pytest.raises(ConfigError) as e:
+    report.write(sweep, metric=metric)
+  assert str(e.value).startswith(f"--metric {metric!r} matches none of the jobs' metrics")
+  assert expected in str(e.value)
+  with open(out["md"]) as f:
+    assert f.read() == good
+  # A spec's report.metric is named as such.
+  with pytest.raises(ConfigError, match=r"^report.metric 'f1' matches none"):
+    report.write(spec_lib.build(helpers.write_spec(
+        tmp_path, SPEC.split("report:")[0] + "report: {metric: f1}\n", "other.yaml"),
+        root=sweep.root))
+
+
+@pytest.mark.parametrize("command", ["plan", "run", "report"])
+def test_a_file_in_the_way_of_the_root_is_one_line(tmp_path, command):
+  """A --root (or a directory above it) that is a file: one line naming --root, exit 2 (was a
+  NotADirectoryError, exit 1, after the runner had started)."""
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0])
+  in_the_way = tmp_path / "a_file"
+  in_the_way.write_text("")
+  for root in (in_the_way, in_the_way / "root"):
+    rc, out, err = helpers.sweep_cli([command, spec, f"--root={root}"])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, (out, err)
+    if command == "report" and root != in_the_way:  # (nothing can have run there)
+      assert lines[0].startswith(f"prompt-jax sweep: error: sweep root {root} does not exist")
+    else:
+      assert lines[0].startswith("prompt-jax sweep: error: --root"), err
+      assert str(in_the_way) in lines[0] and "choose another" in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_a_file_in_the_way_of_the_report_out_dir_is_one_line(tmp_path, monkeypatch):
+  spec = helpers.write_spec(tmp_path, SPEC.split("report:")[0])
+  sweep = _sweep(spec, tmp_path)
+  monkeypatch.setattr(report, "read_series", lambda d: {"inference_eval/t/accuracy": {4: 0.5}})
+  in_the_way = tmp_path / "a_file"
+  in_the_way.write_text("")
+  with pytest.raises(ConfigError, match=r"^--out: cannot create the directory .*a_file/r "
+                                        r"\(Not a directory\); choose another place$"):
+    report.write(sweep, out_dir=str(in_the_way / "r"))

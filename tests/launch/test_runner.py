@@ -76,6 +76,9 @@ def test_failed_job_does_not_stop_the_others(fake_sweep):
   assert status[failed]["command"] == ["prompt-jax"] + sweep.jobs[1].train_args()
   lines = out.getvalue().strip().splitlines()
   assert "7/8 done, 1 failed" in lines[-1] and runner.status_path(sweep.root) in lines[-1]
+  # The report command it names reads this root (the sweep was built with --root).
+  assert lines[-1].endswith(f"report: prompt-jax sweep report {sweep.path} "
+                            f"--root={sweep.root}")
   assert any("ETA" in l for l in lines)
 
   # Re-run: nothing to do (done skipped, failed kept).

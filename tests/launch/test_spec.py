@@ -35,6 +35,22 @@ def test_plan_lists_every_job_with_its_exact_train_command(tmp_path):
   assert not os.path.exists(root)  # plan writes nothing
 
 
+def test_plan_says_the_run_command_with_its_root_and_overrides(tmp_path):
+  """The plan's last line is the command that runs these jobs: with --root (else the jobs would
+  go to the spec's root) and the --gin overrides (else other commands would run)."""
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\n")
+  root = str(tmp_path / "my root")
+  argv = [spec, f"--root={root}", "--gin.BATCH_SIZE=4"]
+  rc, out, err = helpers.sweep_cli(["plan", *argv])
+  assert rc == 0, err
+  hint = out.strip().splitlines()[-1].split("run them: ", 1)[1]
+  assert shlex.split(hint) == ["prompt-jax", "sweep", "run", *argv]
+  # Without --root or overrides, none is added.
+  rc, out, err = helpers.sweep_cli(["plan", spec])
+  assert shlex.split(out.strip().splitlines()[-1].split("run them: ", 1)[1]) == [
+      "prompt-jax", "sweep", "run", spec]
+
+
 def test_zip_templates_and_overrides(tmp_path):
   """Zipped axes advance together; ${axis} fills a value; --gin.X reaches every job."""
   spec = helpers.write_spec(tmp_path, """\
@@ -200,6 +216,35 @@ def test_gin_error_in_a_job(tmp_path):
   """A binding gin cannot apply is reported with the job that has it."""
   line = _error(tmp_path, BASE + "axes:\n  prompt_jax.train.stats_perod: [1]\n", "plan")
   assert line.startswith("prompt-jax sweep: error: job prompt_jax.train.stats_perod-1: ")
+
+
+@pytest.mark.parametrize("command", ["plan", "run", "emit"])
+@pytest.mark.parametrize("axes, overrides, expected", [
+    ("  PROMPT_LENGTH: [4, \"'abc'\"]\n", [],
+     "job PROMPT_LENGTH-abc: PROMPT_LENGTH must be an integer, got 'abc'"),
+    ("  PROMPT_LENGTH: [4]\n", ["--gin.TRAIN_STEPS='ten'"],
+     "job PROMPT_LENGTH-4: TRAIN_STEPS must be an integer, got 'ten'"),
+    ("  TRAIN_STEPS: [2, 0]\n", [], "job TRAIN_STEPS-0: TRAIN_STEPS must be >= 1, got 0"),
+    ("  PROMPT_LENGTH: [4]\n", ["--gin.EVAL_PERIOD=-3"],
+     "job PROMPT_LENGTH-4: EVAL_PERIOD must be >= 0 (0: no evaluation during training), got -3"),
+    ("  BATCH_SIZE: [0]\n", [], "job BATCH_SIZE-0: BATCH_SIZE must be >= 1, got 0"),
+])
+def test_bad_values_are_refused_before_any_job_runs(tmp_path, command, axes, overrides,
+                                                    expected):
+  """A value `prompt-jax train` refuses (type, range) is one line naming the job, exit 2,
+  before anything runs: not a failed job after the sweep started (root, logs, status)."""
+  extra = ["--target=local-script"] if command == "emit" else []
+  line = _error(tmp_path, BASE + "axes:\n" + axes, command, *overrides, *extra)
+  assert line == "prompt-jax sweep: error: " + expected, line
+
+
+def test_value_checks_write_nothing_for_good_jobs(tmp_path):
+  """The value checks of a good sweep create no MODEL_DIR (plan writes nothing)."""
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\n")
+  rc, out, err = helpers.sweep_cli(["plan", spec, f"--root={tmp_path}/root"])
+  assert rc == 0, err
+  assert out.count("\nprompt-jax train ") == 2
+  assert not (tmp_path / "root").exists()
 
 
 def test_an_axis_named_like_a_report_column(tmp_path):
