@@ -8,6 +8,7 @@ Preempted: the run saved a checkpoint on SIGTERM and stopped; the same command r
   "finished").
 """
 import argparse
+import difflib
 import numbers
 import os
 from typing import Any, Iterator, Optional
@@ -56,10 +57,22 @@ def check_integer(value: Any, what: str, least: Optional[int] = None, more: str 
 
 class OneLineParser(argparse.ArgumentParser):
   """argparse whose usage errors are a ConfigError (one line, exit 2 through the CLI's one error
-  path) instead of a usage block and `sys.exit(2)` from inside the parser."""
+  path) instead of a usage block and `sys.exit(2)` from inside the parser; a mistyped flag gets
+  a "did you mean"."""
 
   def error(self, message):
-    raise ConfigError(f"{message} ({self.prog} --help lists the flags)")
+    hint = ""
+    if message.startswith(_UNRECOGNIZED):
+      flags = [o for o in self._option_string_actions if o.startswith("--")]
+      for arg in message[len(_UNRECOGNIZED):].split():
+        match = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        if arg.startswith("-") and match:
+          hint = f"; did you mean {match[0]}?"
+          break
+    raise ConfigError(f"{message}{hint} ({self.prog} --help lists the flags)")
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
 
 
 def make_dirs(directory: str, what: str) -> None:

@@ -1,8 +1,9 @@
-"""errors.check_integer: the one integer check behind TRAIN_STEPS, BATCH_SIZE, RANDOM_SEED,
+"""errors: check_integer, the one integer check behind TRAIN_STEPS, BATCH_SIZE, RANDOM_SEED,
 PROMPT_LENGTH, beam_size, ... (numpy integers count; bools, floats and strings do not)."""
 import numpy as np
 import pytest
 
+from prompt_jax import errors
 from prompt_jax.errors import ConfigError, check_integer
 
 
@@ -46,3 +47,26 @@ def test_causes_walks_the_chain_once_each():
   inner.__context__ = outer  # a cycle
   assert list(causes(outer)) == [outer, middle, inner]
   assert not list(causes(None))
+
+
+def test_a_mistyped_flag_gets_a_did_you_mean():
+  """`export --fromat=peft` said only `unrecognized arguments`."""
+  parser = errors.OneLineParser(prog="prompt-jax export")
+  parser.add_argument("--format", default="npy")
+  parser.add_argument("--output", default=None)
+  with pytest.raises(errors.ConfigError) as e:
+    parser.parse_args(["--fromat=peft"])
+  assert str(e.value) == ("unrecognized arguments: --fromat=peft; did you mean --format? "
+                          "(prompt-jax export --help lists the flags)")
+  with pytest.raises(errors.ConfigError) as e:  # nothing close: no guess
+    parser.parse_args(["--zzz"])
+  assert str(e.value) == "unrecognized arguments: --zzz (prompt-jax export --help lists the flags)"
+
+
+def test_a_mistyped_flag_through_the_cli(capsys):
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  assert cli.main(["export", "--fromat=peft", "--gin.MODEL_DIR='/nonexistent'"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip().splitlines() == [
+      "prompt-jax export: error: unrecognized arguments: --fromat=peft; did you mean --format? "
+      "(prompt-jax export --help lists the flags)"]

@@ -160,8 +160,12 @@ def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tup
     items = [(_stem(prompts), prompts)]
   elif isinstance(prompts, Mapping):
     items = [(str(k), v) for k, v in prompts.items()]
-  else:
+  elif prompts is None or isinstance(prompts, (list, tuple)):
     items = [(_stem(p), p) for p in (prompts or ())]
+  else:  # e.g. ENSEMBLE_PROMPTS=5: a count, not the prompts
+    raise ConfigError(f"{what} must name the prompts: a list of .npy prompt files or trained "
+                      f"MODEL_DIRs, a dict name -> path, or a directory of them; got "
+                      f"{prompts!r}, e.g. --gin.{what}=\"['/p/a.npy', '/p/b.npy']\"")
   if not items:
     raise ConfigError(f"{what} names no prompt (N = 0): give .npy prompt files or trained "
                       f"MODEL_DIRs, e.g. --gin.{what}=\"['/p/a.npy', '/p/b.npy']\"")

@@ -122,11 +122,21 @@ def write_adapter(prompt: np.ndarray, out_dir: str, config,
   return [config_path, weights_path]
 
 
+# An --output named like one of these is a file name, not the adapter's directory.
+FILE_SUFFIXES = (".npy", ".npz", ".safetensors", ".bin", ".json", ".pt", ".pth")
+
+
 def export_peft(model: run_setup.ModelSpec, run: run_dir.RunDir, output: Optional[str] = None,
                 base_model: Optional[str] = None) -> List[str]:
   """`export --format=peft`: the run's (folded) prompt as a PEFT adapter directory (default
   MODEL_DIR/export/peft_step<N>); returns one 'what ... to <dir>' line."""
   check_representable(model.prompt, model.config)
+  suffix = os.path.splitext(output.rstrip("/" + os.sep))[1].lower() if output else ""
+  if suffix in FILE_SUFFIXES:  # (it would be the adapter's directory, named like a file)
+    raise ConfigError(f"--output {output} names a {suffix} file, but --format=peft writes an "
+                      f"adapter directory (adapter_config.json, adapter_model.safetensors): "
+                      f"name a directory" + ("; --format=npy writes a .npy file"
+                                             if suffix == ".npy" else ""))
   export_lib.check_new_output(output, "a PEFT adapter directory")
   params = export_lib._nested(run_lib.checkpoint_params(run.checkpoint))  # pylint: disable=protected-access
   extra = export_lib.outside_the_prompt(model, params)

@@ -263,6 +263,12 @@ def infer(*, model_dir: str = gin.REQUIRED,
   all in mixed batches (`evaluation.ensemble.bank_infer`).
   """
   if prompt_bank is not None:
+    other = [n for n, v in (("PROMPT_FILE", prompt_file), ("CHECKPOINT_PATH", checkpoint_path))
+             if v]
+    if other:  # (neither would be read: each example's prompt comes from the bank)
+      raise ConfigError(f"PROMPT_BANK and {' and '.join(other)} both name the prompt: with "
+                        f"PROMPT_BANK each example's prompt comes from the bank; drop "
+                        f"{' and '.join(other)}, or PROMPT_BANK for one prompt")
     from prompt_jax.evaluation import ensemble  # pylint: disable=g-import-not-at-top
     return ensemble.bank_infer(model_dir=model_dir, dataset_cfg=dataset_cfg,
                                prompt_bank=prompt_bank,

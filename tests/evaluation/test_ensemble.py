@@ -234,8 +234,9 @@ def test_majority_vote_and_mean_likelihood_on_crafted_cases():
   np.testing.assert_array_equal(ensemble.mean_log_likelihood(scores), [1, 0, 0])
 
 
-@pytest.mark.parametrize("case", ["n0", "missing", "width", "unknown_name", "bad_shape", "npz",
-                                  "npz_bank", "not_npy", "strings", "truncated"])
+@pytest.mark.parametrize("case", ["n0", "count", "missing", "width", "unknown_name",
+                                  "bank_and_file", "bad_shape", "npz", "npz_bank", "not_npy",
+                                  "strings", "truncated"])
 def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path):
   model_dir = tmp_path / "out"
   wide = str(tmp_path / "wide.npy")
@@ -255,6 +256,14 @@ def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path)
   export = "export the prompt with `prompt-jax export --format=npy`"
   command, flag, expected = {
       "n0": ("ensemble-eval", "--gin.ENSEMBLE_PROMPTS=[]", "names no prompt (N = 0)"),
+      # A count where the prompts go was a TypeError (exit 1).
+      "count": ("ensemble-eval", "--gin.ENSEMBLE_PROMPTS=5",
+                "ENSEMBLE_PROMPTS must name the prompts: a list of .npy prompt files or "
+                "trained MODEL_DIRs, a dict name -> path, or a directory of them; got 5"),
+      # PROMPT_FILE was silently ignored (the bank's prompts served every example).
+      "bank_and_file": ("infer", [f"--gin.PROMPT_BANK={{'{TASK}': '{prompt_files['p0']}'}}",
+                                  f"--gin.PROMPT_FILE='{prompt_files['p1']}'"],
+                        "PROMPT_BANK and PROMPT_FILE both name the prompt"),
       "missing": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', "
                   f"'/nonexistent/p.npy']", "'/nonexistent/p.npy', which does not exist"),
       "width": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', '{wide}']",
@@ -273,7 +282,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path)
       "truncated": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{truncated}']",
                     f"{truncated} is not a readable .npy array"),
   }[case]
-  code, out, err = run_cli([command, f"--gin.MODEL_DIR='{model_dir}'", flag] + COMMON)
+  flags = flag if isinstance(flag, list) else [flag]
+  code, out, err = run_cli([command, f"--gin.MODEL_DIR='{model_dir}'", *flags] + COMMON)
   assert code == 2, (out, err)
   lines = [l for l in err.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith(f"prompt-jax {command}: error:"), err

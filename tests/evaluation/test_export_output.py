@@ -43,3 +43,18 @@ def test_peft_output_naming_a_new_directory_writes_the_adapter_there(trained_run
                           f"--output={target}/"])
   assert code == 0, err
   assert sorted(os.listdir(target)) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+@pytest.mark.parametrize("name", ["x.npy", "adapter_model.safetensors"])
+def test_peft_output_named_like_a_file_is_one_line_and_writes_nothing(trained_run, tmp_path,
+                                                                      name):
+  """`--format=peft --output=x.npy` wrote an adapter directory named x.npy."""
+  target = tmp_path / name
+  code, out, err = run_cli(["export", "--format=peft", f"--gin.MODEL_DIR='{trained_run}'",
+                            f"--output={target}"])
+  assert code == 2 and out == "", (code, out, err)
+  suffix = os.path.splitext(name)[1]
+  assert err.startswith(f"prompt-jax export: error: --output {target} names a {suffix} file, "
+                        f"but --format=peft writes an adapter directory"), err
+  assert err.count("\n") == 1 and ("--format=npy" in err) == (suffix == ".npy")
+  assert os.listdir(tmp_path) == []
