@@ -544,6 +544,8 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   _USER_MACROS[:] = [b.split("=", 1)[0].strip() for b in dot_bindings + _flag_values(
       rest, "--gin_bindings") if b.split("=", 1)[0].strip().isupper()]
   args = _parser(command).parse_args(rest)
+  if command == "infer" and any(not text.strip() for text in args.input):
+    raise _Error("--input is empty (an unset shell variable?): give the text to predict for")
   initialize_distributed(args)
   if args.tfds_data_dir:
     import seqio  # pylint: disable=g-import-not-at-top

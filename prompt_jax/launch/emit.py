@@ -219,6 +219,9 @@ def check_slurm_options(opts: Options) -> None:
   file is written."""
   if opts.process_per not in ("node", "gpu") or opts.platform not in ("gpu", "cpu"):
     raise ConfigError("--process_per must be node or gpu, --platform gpu or cpu")
+  if opts.process_per == "gpu" and opts.platform == "cpu":
+    raise ConfigError("--process_per=gpu starts one process per GPU, but --platform=cpu "
+                      "requests none: drop one of them")
   if opts.nodes < 1:
     raise ConfigError(f"--nodes must be >= 1 (nodes per job), got {opts.nodes}")
   if opts.platform == "gpu" and opts.gpus_per_node < 1:

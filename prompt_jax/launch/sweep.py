@@ -59,6 +59,24 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+# The subcommands each flag acts on (--root and --gin.X: all); given to another, it is refused
+# rather than ignored (`sweep plan --target=slurm` printed the plan as if it were not there).
+FLAG_SUBCOMMANDS = {"parallel": ("run",), "retry_failed": ("run",), "stop_timeout": ("run",),
+                    "out": ("emit", "report"), "metric": ("report",),
+                    **{name: ("emit",) for name in (
+                        "target", "setup", "tpu_name", "zone", "project", "nodes",
+                        "gpus_per_node", "process_per", "platform", "partition", "time",
+                        "max_parallel")}}
+
+
+def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+  for name, subcommands in FLAG_SUBCOMMANDS.items():
+    if args.subcommand not in subcommands and getattr(args, name) != parser.get_default(name):
+      raise ConfigError(f"--{name} is a flag of `sweep {' / '.join(subcommands)}`, not of "
+                        f"`sweep {args.subcommand}`: drop it, or run `prompt-jax sweep "
+                        f"{subcommands[0]} ...`")
+
+
 def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
   """`--gin.NAME=VALUE` flags -> (rest, [(NAME, VALUE)])."""
   rest, overrides = [], []
@@ -106,7 +124,9 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
     return 0 if argv else EXIT_CONFIG_ERROR
   try:
     rest, overrides = split_overrides(argv)
-    args = _parser().parse_args(rest)
+    parser = _parser()
+    args = parser.parse_args(rest)
+    check_flags(args, parser)
     sweep = spec_lib.build(args.spec, root=args.root, overrides=overrides)
     if args.subcommand != "report" and parse_gin is not None:
       spec_lib.validate_gin(sweep, parse_gin, check_required or (lambda _: None),

@@ -235,7 +235,7 @@ def test_majority_vote_and_mean_likelihood_on_crafted_cases():
 
 
 @pytest.mark.parametrize("case", ["n0", "count", "missing", "width", "unknown_name",
-                                  "bank_and_file", "bad_shape", "npz", "npz_bank", "not_npy",
+                                  "bank_and_file", "empty_input", "bad_shape", "npz", "npz_bank", "not_npy",
                                   "strings", "truncated"])
 def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path):
   model_dir = tmp_path / "out"
@@ -270,6 +270,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(case, prompt_files, tmp_path)
                 "different widths"),
       "unknown_name": ("infer", f"--gin.PROMPT_BANK={{'other': '{prompt_files['p0']}'}}",
                        f"names prompt '{TASK}', which is not in PROMPT_BANK"),
+      # (an unset shell variable: it predicted for the empty text)
+      "empty_input": ("infer", "--input=", "--input is empty (an unset shell variable?)"),
       "bad_shape": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{cube}']", "[2, 3, 4]"),
       "npz": ("ensemble-eval", f"--gin.ENSEMBLE_PROMPTS=['{prompt_files['p0']}', '{npz}']",
               f"{npz} is an .npz archive, not one .npy array; {export}"),

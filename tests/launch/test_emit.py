@@ -328,6 +328,8 @@ def test_an_output_path_in_the_way_is_one_line_without_traceback(tmp_path):
 
 @pytest.mark.parametrize("flags,expected", [
     (["--nodes=0"], "--nodes must be >= 1 (nodes per job), got 0"),
+    (["--process_per=gpu", "--platform=cpu"],  # (the script started one process per node)
+     "--process_per=gpu starts one process per GPU, but --platform=cpu requests none"),
     (["--gpus_per_node=-2"], "--gpus_per_node must be >= 1, got -2"),
     (["--max_parallel=-1"], "--max_parallel must be >= 0"),
     (["--time=4 hours"], "--time must be a SLURM time limit"),

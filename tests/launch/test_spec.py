@@ -247,6 +247,19 @@ def test_value_checks_write_nothing_for_good_jobs(tmp_path):
   assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.parametrize("command, flag, expected", [
+    ("plan", "--target=slurm", "--target is a flag of `sweep emit`, not of `sweep plan`"),
+    ("plan", "--nodes=4", "--nodes is a flag of `sweep emit`, not of `sweep plan`"),
+    ("run", "--metric=f1", "--metric is a flag of `sweep report`, not of `sweep run`"),
+    ("run", "--out=x", "--out is a flag of `sweep emit / report`, not of `sweep run`"),
+    ("emit", "--parallel=4", "--parallel is a flag of `sweep run`, not of `sweep emit`"),
+])
+def test_a_flag_of_another_subcommand_is_refused_not_ignored(tmp_path, command, flag, expected):
+  """`sweep plan --target=slurm --nodes=4` printed the plan as if the flags were not there."""
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n", command, flag)
+  assert line.startswith("prompt-jax sweep: error: " + expected), line
+
+
 def test_an_axis_named_like_a_report_column(tmp_path):
   """report.csv has a `seed` column (and job, state, step, ...): an axis of that name would be
   overwritten there."""
