@@ -225,7 +225,8 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
                       f"or leave it out") from None
   source = run_dir.resolve(path)
   if source.checkpoint is None:
-    raise ConfigError(f"prompt {name!r}: MODEL_DIR {path} has no checkpoint")
+    raise ConfigError(f"prompt {name!r}: MODEL_DIR {path} has no checkpoint yet: train it "
+                      f"first (prompt-jax train resumes it), or leave it out")
   saved = run_lib.checkpoint_params(source.checkpoint)
   # The run's own TRAINABLE_REGEX: a wider one (e.g. encoder_norm too) trained weights beside the
   # prompt, which its module member uses (a bank row could not hold them).

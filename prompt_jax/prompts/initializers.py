@@ -123,17 +123,28 @@ def string_init(table, vocabulary, text: str,
   return init
 
 
-def array_init(value, what: str = "prompt array") -> PromptInit:
-  """A fixed array (e.g. a trained prompt), shape-checked against the parameter."""
+def array_init(value, what: str = "prompt array", prompt: bool = False) -> PromptInit:
+  """A fixed array (e.g. a trained prompt), shape-checked against the parameter; `prompt`: it
+  is a [P, H] prompt, and a mismatch says which of P (PROMPT_LENGTH) or H (the model) differs."""
   value = np.asarray(value)
 
   def init(rng, shape):
     del rng
     if tuple(value.shape) != tuple(shape):
       raise ConfigError(f"{what} has shape {tuple(value.shape)}, the parameter needs "
-                        f"{tuple(shape)}")
+                        f"{tuple(shape)}{_prompt_hint(value.shape, shape) if prompt else ''}")
     return jnp.asarray(value, jnp.float32)
   return init
+
+
+def _prompt_hint(have, need) -> str:
+  if len(have) != 2 or len(need) != 2:
+    return ": a [PROMPT_LENGTH, emb_dim] array"
+  if have[1] != need[1]:
+    return (f": its width {have[1]} is another model's embedding size (this one's is "
+            f"{need[1]}); use the model the prompt was trained with (its models/*.gin and "
+            f"INITIAL_CHECKPOINT_PATH)")
+  return f": set --gin.PROMPT_LENGTH={have[0]}, the file's length"
 
 
 def load_prompt_file(path: str, macro: str = "PROMPT_FILE") -> np.ndarray:
@@ -142,7 +153,7 @@ def load_prompt_file(path: str, macro: str = "PROMPT_FILE") -> np.ndarray:
 
 def file_init(path: str) -> PromptInit:
   """A prompt saved as `.npy`; its shape must equal the parameter's ([P, H] for a prompt)."""
-  return array_init(load_prompt_file(path), what=f"PROMPT_FILE {path!r}")
+  return array_init(load_prompt_file(path), what=f"PROMPT_FILE {path!r}", prompt=True)
 
 
 # ===== gin specs: spec(embedding [V, H], vocabulary) -> init =====

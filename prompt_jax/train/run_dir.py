@@ -108,7 +108,8 @@ def state_dir(checkpoint_path: str) -> str:
   state = path if os.path.basename(path) == "state" else os.path.join(path, "state")
   if not epath.Path(state).is_dir():
     raise ConfigError(f"CHECKPOINT_PATH {checkpoint_path!r} is not a prompt_jax checkpoint "
-                      f"(no {state})")
+                      f"(no {state}): name a MODEL_DIR/checkpoints/<step> directory, or leave "
+                      f"CHECKPOINT_PATH out for the run's latest")
   return state
 
 

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import shutil
 
 import jax
 import numpy as np
@@ -326,6 +327,24 @@ def test_run_dirs_join_the_ensemble_and_equal_their_run_alone(trained_runs, prom
   # Folded residual: another program than its run's (the MLP applied once, then banked);
   # IDPG / prefix: the module of the run alone. Answers equal up to float32 near-ties.
   assert_each_run_equals_its_infer(trained_runs, rows, rows64)
+
+
+def test_a_member_run_without_a_checkpoint_says_what_to_do(trained_runs, prompt_files,
+                                                            tmp_path):
+  """A MODEL_DIR whose training has not saved yet (config.gin, no checkpoint): one line saying
+  to train it or leave it out."""
+  untrained = tmp_path / "untrained"
+  untrained.mkdir()
+  shutil.copy(os.path.join(trained_runs["residual"], "config.gin"), untrained)
+  model_dir = tmp_path / "ens"
+  prompts = {"file": prompt_files["p1"], "untrained": str(untrained)}
+  code, out, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{model_dir}'",
+                            f"--gin.ENSEMBLE_PROMPTS={prompts!r}"] + COMMON)
+  assert code == 2, (out, err)
+  assert err == (f"prompt-jax ensemble-eval: error: prompt 'untrained': MODEL_DIR {untrained} "
+                 f"has no checkpoint yet: train it first (prompt-jax train resumes it), or "
+                 f"leave it out\n")
+  assert not model_dir.exists()
 
 
 def assert_each_run_equals_its_infer(runs, rows, rows64):

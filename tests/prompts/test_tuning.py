@@ -80,8 +80,16 @@ def test_prompt_file_shape_is_checked(tmp_path):
   path = tmp_path / "prompt.npy"
   np.save(path, np.ones((3, 16), np.float32))
   np.testing.assert_array_equal(inits.file_init(str(path))(None, (3, 16)), np.ones((3, 16)))
-  with pytest.raises(ConfigError, match=r"has shape \(3, 16\), the parameter needs \(4, 16\)"):
+  with pytest.raises(ConfigError) as e:
     inits.from_file(str(path))()(None, (4, 16))
+  assert str(e.value).endswith("has shape (3, 16), the parameter needs (4, 16): set "
+                               "--gin.PROMPT_LENGTH=3, the file's length")
+  with pytest.raises(ConfigError) as e:  # a prompt of another model
+    inits.from_file(str(path))()(None, (3, 32))
+  assert str(e.value).endswith("has shape (3, 16), the parameter needs (3, 32): its width 16 is "
+                               "another model's embedding size (this one's is 32); use the model "
+                               "the prompt was trained with (its models/*.gin and "
+                               "INITIAL_CHECKPOINT_PATH)")
   with pytest.raises(ConfigError, match="does not exist"):
     inits.file_init(str(tmp_path / "missing.npy"))
 

@@ -320,7 +320,8 @@ CASES = [
     Case("infer_checkpoint_path_not_a_checkpoint", lambda c: [
         "infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
-         "is not a prompt_jax checkpoint", model_dir="fresh"),
+         "/state): name a MODEL_DIR/checkpoints/<step> directory, or leave CHECKPOINT_PATH out "
+         "for the run's latest", model_dir="fresh"),
     Case("describe_model_dir_without_a_run", lambda c: [
         "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
          "holds no trained run (no config.gin): point it at a run's directory, or name a model "
