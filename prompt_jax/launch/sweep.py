@@ -69,12 +69,25 @@ FLAG_SUBCOMMANDS = {"parallel": ("run",), "retry_failed": ("run",), "stop_timeou
                         "max_parallel")}}
 
 
+# emit's flags of one --target only.
+TARGET_FLAGS = {"slurm": ("nodes", "gpus_per_node", "process_per", "platform", "partition",
+                          "time", "max_parallel"),
+                "tpu-vm": ("tpu_name", "zone", "project")}
+
+
 def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+  given = lambda name: getattr(args, name) != parser.get_default(name)
   for name, subcommands in FLAG_SUBCOMMANDS.items():
-    if args.subcommand not in subcommands and getattr(args, name) != parser.get_default(name):
+    if args.subcommand not in subcommands and given(name):
       raise ConfigError(f"--{name} is a flag of `sweep {' / '.join(subcommands)}`, not of "
                         f"`sweep {args.subcommand}`: drop it, or run `prompt-jax sweep "
                         f"{subcommands[0]} ...`")
+  if args.subcommand == "emit":
+    for target, names in TARGET_FLAGS.items():
+      for name in names:
+        if args.target and args.target != target and given(name):
+          raise ConfigError(f"--{name} is a flag of --target={target}, not of "
+                            f"--target={args.target}: drop it")
 
 
 def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:

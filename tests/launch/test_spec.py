@@ -253,10 +253,15 @@ def test_value_checks_write_nothing_for_good_jobs(tmp_path):
     ("run", "--metric=f1", "--metric is a flag of `sweep report`, not of `sweep run`"),
     ("run", "--out=x", "--out is a flag of `sweep emit / report`, not of `sweep run`"),
     ("emit", "--parallel=4", "--parallel is a flag of `sweep run`, not of `sweep emit`"),
+    ("emit", "--target=tpu-vm --nodes=2",
+     "--nodes is a flag of --target=slurm, not of --target=tpu-vm: drop it"),
+    ("emit", "--target=slurm --zone=europe-west4-a",
+     "--zone is a flag of --target=tpu-vm, not of --target=slurm: drop it"),
 ])
 def test_a_flag_of_another_subcommand_is_refused_not_ignored(tmp_path, command, flag, expected):
-  """`sweep plan --target=slurm --nodes=4` printed the plan as if the flags were not there."""
-  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n", command, flag)
+  """`sweep plan --target=slurm --nodes=4` printed the plan as if the flags were not there (and
+  emit --target=tpu-vm the scripts without the slurm-only --nodes)."""
+  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4]\n", command, *flag.split())
   assert line.startswith("prompt-jax sweep: error: " + expected), line
 
 
