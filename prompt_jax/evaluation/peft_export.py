@@ -114,6 +114,11 @@ def write_adapter(prompt: np.ndarray, out_dir: str, config,
   config_path = os.path.join(out_dir, CONFIG_NAME)
   weights_path = os.path.join(out_dir, WEIGHTS_NAME)
   save_file({TENSOR_NAME: prompt}, weights_path + ".tmp", metadata={"format": "pt"})
+  # safetensors writes 0600: the adapter is for sharing (the hub, a group's models dir), so it
+  # gets a new file's usual mode, as adapter_config.json does.
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(weights_path + ".tmp", 0o666 & ~umask)
   with open(config_path + ".tmp", "w") as f:
     json.dump(adapter_config(prompt.shape[0], config, base_model), f, indent=2, sort_keys=True)
     f.write("\n")

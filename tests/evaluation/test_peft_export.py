@@ -134,6 +134,18 @@ def test_peft_adapter_gives_our_logits_on_the_hf_t5(hf_run):
   assert np.abs(no_prompt - theirs)[valid].max() > 1e-2
 
 
+def test_the_adapter_files_get_a_new_files_usual_mode(tmp_path):
+  """safetensors writes its file 0600: an adapter others should load (a shared models dir, the
+  hub) was readable by its writer only, while adapter_config.json had the umask's mode."""
+  umask = os.umask(0o022)
+  try:
+    paths = peft_export.write_adapter(np.zeros((5, D_MODEL), np.float32), str(tmp_path / "a"),
+                                      _CONFIG)
+  finally:
+    os.umask(umask)
+  assert [oct(os.stat(p).st_mode & 0o777) for p in paths] == ["0o644", "0o644"]
+
+
 def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
   """The file PEFT's own save_pretrained writes for a prompt-tuning model holds one tensor,
   `prompt_embeddings`; ours has the same keys, shape and dtype, and the same config fields."""
