@@ -251,13 +251,18 @@ class _Lock:
     self.file = None
 
   def __enter__(self):
-    self.file = open(self.path, "w")
+    self.file = open(self.path, "a+")  # (not "w": a refused runner must keep the holder's pid)
     try:
       fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as e:
+      self.file.seek(0)
+      holder = self.file.read().strip()
       self.file.close()
-      raise ConfigError(f"another `prompt-jax sweep run` is running on this root (it holds "
-                        f"{self.path}); wait for it or stop it") from e
+      raise ConfigError(f"another `prompt-jax sweep run`{f' (pid {holder})' if holder else ''} "
+                        f"is running on this root (it holds {self.path}); wait for it or stop "
+                        f"it") from e
+    self.file.seek(0)
+    self.file.truncate()
     self.file.write(str(os.getpid()))
     self.file.flush()
     return self

@@ -100,11 +100,22 @@ def test_failed_job_does_not_stop_the_others(fake_sweep):
 def test_one_runner_per_root(fake_sweep):
   sweep, _ = fake_sweep
   os.makedirs(sweep.root)
-  with open(os.path.join(sweep.root, runner.LOCK_FILE), "w") as held:
+  lock = os.path.join(sweep.root, runner.LOCK_FILE)
+  with open(lock, "w") as held:
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with pytest.raises(ConfigError, match="another `prompt-jax sweep run` is running"):
+    held.write("4242")
+    held.flush()
+    with pytest.raises(ConfigError, match=r"another `prompt-jax sweep run` \(pid 4242\) is "
+                                          r"running"):
       runner.run(sweep, out=io.StringIO())
+    with open(lock) as f:  # the refused runner left the holder's pid (it emptied the file)
+      assert f.read() == "4242"
   assert not os.path.exists(runner.status_path(sweep.root))
+  # Once it is free, the next runner takes it and writes its own pid.
+  out = io.StringIO()
+  runner.run(sweep, out=out)
+  with open(lock) as f:
+    assert f.read() == str(os.getpid())
 
 
 def test_job_still_running_from_a_dead_runner_is_not_started_twice(fake_sweep):
