@@ -11,7 +11,7 @@ import argparse
 import difflib
 import numbers
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 
 def causes(e: Optional[BaseException]) -> Iterator[BaseException]:
@@ -58,14 +58,23 @@ def check_integer(value: Any, what: str, least: Optional[int] = None, more: str 
 class OneLineParser(argparse.ArgumentParser):
   """argparse whose usage errors are a ConfigError (one line, exit 2 through the CLI's one error
   path) instead of a usage block and `sys.exit(2)` from inside the parser; a mistyped flag gets
-  a "did you mean"."""
+  a "did you mean", a flag of another command its `hints` entry ({"--gin_file": "plan takes
+  --model=..."})."""
+
+  def __init__(self, *args, hints: Optional[Dict[str, str]] = None, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.hints = dict(hints or {})
 
   def error(self, message):
     hint = ""
     if message.startswith(_UNRECOGNIZED):
       flags = [o for o in self._option_string_actions if o.startswith("--")]
       for arg in message[len(_UNRECOGNIZED):].split():
-        match = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        name = arg.split("=", 1)[0]
+        match = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+        if name in self.hints:
+          hint = f"; {self.hints[name]}"
+          break
         if arg.startswith("-") and match:
           hint = f"; did you mean {match[0]}?"
           break

@@ -46,7 +46,10 @@ def _positive(kind):
 def _parser() -> argparse.ArgumentParser:
   from prompt_jax.models.config import REMAT_POLICY_NAMES  # pylint: disable=g-import-not-at-top
   p = errors.OneLineParser(prog="prompt-jax plan", description=__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           hints={"--gin_file": "plan takes the model file as "
+                                                "--model=models/<name>.gin (prompt tuning of "
+                                                "--prompt_length tokens)"})
   p.add_argument("--model", default="models/t5_1_1_base.gin",
                  help="a models/*.gin file (packaged or a path), e.g. models/t5_1_1_xxl.gin")
   p.add_argument("--mesh", default="1x1", help="DATAxMODEL devices, e.g. 8x8")

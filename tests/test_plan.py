@@ -141,3 +141,13 @@ def test_plan_shows_no_gin_path_lookup_lines(tmp_path):
   lines = proc.stdout.splitlines()
   assert len(lines) == 1 and lines[0].startswith("prompt-jax plan: error: unknown dtype"), \
       proc.stdout
+
+
+def test_plan_given_a_gin_file_names_its_model_flag(capsys):
+  """t5x users type `--gin_file=models/...`: plan's flag is --model (it said only
+  `unrecognized arguments`)."""
+  code, out, err = _plan_cli(capsys, ["--gin_file=models/t5_1_1_xxl.gin", "--mesh=8x8"])
+  assert code == 2 and not out, (out, err)
+  assert err == ["prompt-jax plan: error: unrecognized arguments: --gin_file=models/t5_1_1_xxl.gin"
+                 "; plan takes the model file as --model=models/<name>.gin (prompt tuning of "
+                 "--prompt_length tokens) (prompt-jax plan --help lists the flags)"], err
