@@ -764,7 +764,7 @@ _NO_REFERENCE = {"startup": "a restart with the first start",
 def _check_shape(args) -> None:
   """One ConfigError line (exit 2) for a model or shape no side could run, before either starts
   (an unknown preset or a batch of 0 failed inside a side, after the other had run)."""
-  from prompt_jax.layering import did_you_mean  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import did_you_mean  # pylint: disable=g-import-not-at-top
   from prompt_jax.models.config import PRESETS  # pylint: disable=g-import-not-at-top
   if args.preset not in PRESETS:
     raise errors.ConfigError(f"--preset={args.preset} is not a T5 preset (one of "

@@ -370,7 +370,7 @@ def check_macro_typos(read: Sequence[str] = ()) -> None:
       continue
     if name not in known:
       raise _Error(f"--gin.{name} sets a macro that nothing uses"
-                   + (layering.did_you_mean(name, known) or
+                   + (errors.did_you_mean(name, known) or
                       "; check its spelling against the run's gin files"))
     _say(f"note: --gin.{name} is not used by this configuration")
 
@@ -589,8 +589,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
   xla_defaults.apply()  # before JAX starts its backend (prompt_jax/xla_defaults.py)
   if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
-    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-    return _fail("", f"unknown command {argv[0]!r}{layering.did_you_mean(argv[0], COMMANDS)} "
+    return _fail("", f"unknown command {argv[0]!r}{errors.did_you_mean(argv[0], COMMANDS)} "
                      f"(commands: {', '.join(COMMANDS)}; prompt-jax <command> --help)")
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
     print(f"usage: prompt-jax {{{','.join(COMMANDS)}}} [flags]   (prompt-jax <cmd> --help)\n\n"

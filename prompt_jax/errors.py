@@ -24,6 +24,12 @@ def causes(e: Optional[BaseException]) -> Iterator[BaseException]:
     e = e.__cause__ or e.__context__
 
 
+def did_you_mean(name: str, choices) -> str:
+  """'; did you mean X?' for the closest of `choices`, or ''."""
+  close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+  return f"; did you mean {close[0]}?" if close else ""
+
+
 class ConfigError(ValueError):
   """A run configuration that cannot work (message names the macro/value and what is expected)."""
 
@@ -71,12 +77,11 @@ class OneLineParser(argparse.ArgumentParser):
       flags = [o for o in self._option_string_actions if o.startswith("--")]
       for arg in message[len(_UNRECOGNIZED):].split():
         name = arg.split("=", 1)[0]
-        match = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
         if name in self.hints:
           hint = f"; {self.hints[name]}"
-          break
-        if arg.startswith("-") and match:
-          hint = f"; did you mean {match[0]}?"
+        elif arg.startswith("-"):
+          hint = did_you_mean(name, flags)
+        if hint:
           break
     raise ConfigError(f"{message}{hint} ({self.prog} --help lists the flags)")
 

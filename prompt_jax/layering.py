@@ -26,7 +26,7 @@ import re
 import tokenize
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, did_you_mean
 
 DEFAULTS_FILE = "runs/defaults.gin"
 PACKAGED_ORDER = ("runs/", "models/", "prompts/")  # general -> specific
@@ -85,13 +85,6 @@ def first_line(e: BaseException) -> str:
     return type(e).__name__
   # gin appends "In file ..., line N" context: keep it on the same line.
   return "; ".join(lines[:3])
-
-
-def did_you_mean(name: str, choices) -> str:
-  """'; did you mean X?' for the closest of `choices`, or ''."""
-  import difflib  # pylint: disable=g-import-not-at-top
-  close = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
-  return f"; did you mean {close[0]}?" if close else ""
 
 
 def _parse(files: Sequence[str], bindings: Sequence[str] = ()) -> None:

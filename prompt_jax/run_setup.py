@@ -194,9 +194,12 @@ def backbone_paths(config: T5Config) -> set:
   return set(trees.flatten(checkpoints.expected_shapes(config)))
 
 
-def check_batch(batch_size: int, mesh: Mesh) -> None:
-  """One ConfigError unless BATCH_SIZE is a positive integer the mesh and processes divide."""
+def check_batch(batch_size: int, mesh: Optional[Mesh]) -> None:
+  """One ConfigError unless BATCH_SIZE is a positive integer the mesh and processes divide
+  (mesh None: the value alone, before the run's devices are known, as `sweep` checks it)."""
   check_integer(batch_size, "BATCH_SIZE", 1)
+  if mesh is None:
+    return
   data_parallel = mesh.shape["data"]
   if batch_size % data_parallel:
     raise ConfigError(

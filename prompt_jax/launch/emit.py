@@ -29,7 +29,7 @@ import shlex
 import stat
 from typing import List, Optional, Sequence
 
-from prompt_jax.errors import ConfigError, make_dirs
+from prompt_jax.errors import ConfigError, did_you_mean, make_dirs
 from prompt_jax.launch import spec as spec_lib
 
 TARGETS = ("tpu-vm", "slurm", "local-script")
@@ -260,7 +260,7 @@ def slurm_scripts(sweep: spec_lib.Sweep, opts: Options, out_dir: str) -> List[st
 def emit(sweep: spec_lib.Sweep, target: str, opts: Options) -> List[str]:
   if target not in TARGETS:
     raise ConfigError(f"--target must be one of {', '.join(TARGETS)}, got {target!r}"
-                      f"{spec_lib.did_you_mean(target, TARGETS)}")
+                      f"{did_you_mean(target, TARGETS)}")
   # Absolute: submit.sh cds to its own directory and SLURM resolves --output from there.
   out_dir = os.path.abspath(opts.out_dir or (
       os.path.join(sweep.root, "launch") if sweep.local

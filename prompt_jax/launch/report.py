@@ -29,7 +29,7 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from prompt_jax.errors import ConfigError, make_dirs
+from prompt_jax.errors import ConfigError, did_you_mean, make_dirs
 from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
 
@@ -347,14 +347,13 @@ def write(sweep: spec_lib.Sweep, out_dir: Optional[str] = None,
   source = "--metric" if metric else "report.metric"
   metric = metric or sweep.report.get("metric")
   patterns = [metric] if metric else list(DEFAULT_METRICS)
-  all_names = sorted({n for r in results for n in r.series
-                      if not n.startswith("train/") or n == "train/loss"})
+  every = sorted({n for r in results for n in r.series})
+  all_names = [n for n in every if not n.startswith("train/") or n == "train/loss"]
   axis_names = [a.name for a in sweep.axes]
   chosen = choose_metric(patterns, results)
-  every = sorted({n for r in results for n in r.series})
   if metric and chosen is None and every:  # (no job has written metrics yet: nothing to check)
     raise ConfigError(f"{source} {metric!r} matches none of the jobs' metrics"
-                      f"{spec_lib.did_you_mean(metric, every)} (they have "
+                      f"{did_you_mean(metric, every)} (they have "
                       f"{', '.join([n for n in every if not n.startswith('train/')] or every)}"
                       f"; a pattern may use * and ?)")
   make_dirs(out_dir, "--out")  # (after the checks: a refused report keeps the last one)

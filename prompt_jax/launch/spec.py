@@ -32,7 +32,6 @@ Packaged gin files stay relative (the cluster's install finds them); your own, a
 gin_search_paths, become absolute (emitted scripts run from other directories).
 """
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -40,7 +39,7 @@ import shlex
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from prompt_jax import paths
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, did_you_mean
 
 KEYS = ("name", "root", "gin_files", "gin_search_paths", "bindings", "axes", "zip", "seeds",
         "eval", "report")
@@ -185,11 +184,6 @@ def gin_text(value: Any, where: str) -> str:
   if value is None or isinstance(value, (bool, int, float, list, tuple, dict)):
     return repr(value)
   raise ConfigError(f"{where}: {value!r} is not a gin value (use a string of gin text)")
-
-
-def did_you_mean(name: str, candidates: Sequence[str]) -> str:
-  match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-  return f"; did you mean {match[0]}?" if match else ""
 
 
 # report.csv's own columns beside the axes' (launch/report.py): no axis may take their names.

@@ -204,7 +204,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   losses.check_normalizing_factor(loss_normalizing_factor)
   if check_only:  # (what follows needs the devices, the data or the checkpoint)
     data_lib.check_config(train_dataset_cfg)
-    check_integer(train_dataset_cfg.batch_size, "BATCH_SIZE", 1)
+    run_setup.check_batch(train_dataset_cfg.batch_size, None)
     if model.prompt is not None:
       model.prompt.check(model.config)
       model.prompt.check_fits(train_dataset_cfg.task_feature_lengths["inputs"])
