@@ -5,15 +5,16 @@ archive, not a `.npy` at all, truncated or damaged, a pickled object array (neve
 or values that are not numbers. Every reader of such files (PROMPT_FILE, ensemble and bank
 prompts, `inspect --prompt`, `recycle`) goes through `load`, so each says the same;
 `load_archive` does the same for the `.npz`/`.safetensors` files of several arrays (IPT's
-pretrained network, an MPT source).
+pretrained network, an MPT source). `save_all` writes a set of `.npy` files all or none.
 """
 import os
 import zipfile
 import zlib
-from typing import Dict
+from typing import Dict, Mapping
 
 import numpy as np
 
+from prompt_jax import errors
 from prompt_jax.errors import ConfigError
 
 EXPORT_HINT = "export the prompt with `prompt-jax export --format=npy`"
@@ -96,3 +97,24 @@ def _reason(e: BaseException) -> str:
   if "pickle" in str(e):
     return "it holds pickled Python objects"
   return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def save_all(files: Mapping[str, np.ndarray]) -> None:
+  """Saves {path: array} as .npy files, all or none: each goes to `path.tmp` first and is renamed
+  only once every one is written, so a failed write (a full disk, a kill) leaves the previous
+  set as it was (an export's prefix arrays, recycle's prompts), never a mix of two."""
+  try:
+    for path, array in files.items():
+      errors.make_dirs(os.path.dirname(path), f"--output {path}")
+      try:
+        with open(path + ".tmp", "wb") as f:
+          np.save(f, array)
+      except OSError as e:
+        raise errors.RunError(f"writing {path} failed ({e.strerror or e}); nothing was replaced: "
+                              f"free space or choose another place, and rerun") from e
+    for path in files:
+      os.replace(path + ".tmp", path)
+  finally:
+    for path in files:
+      if os.path.exists(path + ".tmp"):
+        os.remove(path + ".tmp")

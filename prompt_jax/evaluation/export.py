@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import jax
 import numpy as np
 
-from prompt_jax import errors
+from prompt_jax import npy
 from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError
@@ -87,20 +87,13 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   if output and len(arrays) > 1:
     raise ConfigError(f"--output names one file but this method exports {len(arrays)} arrays "
                       f"({', '.join(sorted(arrays))}): leave --output out")
-  written = []
-  for stem, array in sorted(arrays.items()):
-    path = output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_{run.label}.npy")
-    if jax.process_index() == 0:
-      errors.make_dirs(os.path.dirname(path), f"--output {path}")
-      try:  # written whole or not at all
-        with open(path + ".tmp", "wb") as f:
-          np.save(f, array)
-        os.replace(path + ".tmp", path)
-      finally:
-        if os.path.exists(path + ".tmp"):
-          os.remove(path + ".tmp")
-    which = f"step {run.step}" if run.step is not None else run.checkpoint
-    written.append(f"{stem} {list(array.shape)} {array.dtype} of checkpoint {which} to {path}")
+  paths = {stem: output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_{run.label}.npy")
+           for stem in sorted(arrays)}
+  if jax.process_index() == 0:
+    npy.save_all({paths[stem]: arrays[stem] for stem in paths})
+  which = f"step {run.step}" if run.step is not None else run.checkpoint
+  written = [f"{stem} {list(arrays[stem].shape)} {arrays[stem].dtype} of checkpoint {which} to "
+             f"{path}" for stem, path in paths.items()]
   extra, visible = outside_the_prompt(model, params), visibility_note(model)
   if extra:
     written.append(f"note: the run also trained {', '.join(extra)} (TRAINABLE_REGEX), which "

@@ -112,11 +112,10 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     start = time.time()
     fitted.append((method, recycling.recycle(prompt, source_table, target_table, method, rows),
                    time.time() - start))
+  paths = {method: os.path.join(output_dir, f"{method}.npy") for method, _, _ in fitted}
+  npy.save_all({paths[method]: out.prompt for method, out, _ in fitted})  # all or none
   for method, out, seconds in fitted:
-    path = os.path.join(output_dir, f"{method}.npy")
-    tmp = path + ".tmp.npy"
-    np.save(tmp, out.prompt)
-    os.replace(tmp, path)  # atomic: nothing half-written
+    path = paths[method]
     report[method] = {"fit_error": out.fit_error, "path": os.path.abspath(path),
                       "shape": list(out.prompt.shape)}
     say(f"{method:<20} fit error {out.fit_error:.6g}  ({seconds:.1f}s) -> {path}")

@@ -58,3 +58,40 @@ def test_peft_output_named_like_a_file_is_one_line_and_writes_nothing(trained_ru
                         f"but --format=peft writes an adapter directory"), err
   assert err.count("\n") == 1 and ("--format=npy" in err) == (suffix == ".npy")
   assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_leaves_the_previous_export_set_whole(trained_run, monkeypatch):
+  """Deep prefix exports several arrays (prefix, decoder_prefix, cross_prefix). A write that
+  failed on the second one (a full disk) used to leave the first replaced by the new
+  checkpoint's array beside the old second and third: a mix of two checkpoints."""
+  from prompt_jax.evaluation import export as export_lib  # pylint: disable=g-import-not-at-top
+  stems = ("cross_prefix", "decoder_prefix", "prefix")
+  monkeypatch.setattr(export_lib, "fold", lambda spec, config, params: {
+      stem: np.full((2, 3), i, np.float32) for i, stem in enumerate(stems)})
+  code, _, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'"])
+  assert code == 0, err
+  export_dir = os.path.join(trained_run, "export")
+  before = {f: np.load(os.path.join(export_dir, f)) for f in os.listdir(export_dir)
+            if f.split("_step")[0] in stems}
+  assert sorted(before) == [f"{stem}_step1.npy" for stem in stems]
+
+  monkeypatch.setattr(export_lib, "fold", lambda spec, config, params: {
+      stem: np.full((2, 3), 10 + i, np.float32) for i, stem in enumerate(stems)})
+  real_save, saved = np.save, []
+
+  def save_then_fill_the_disk(f, array):
+    if saved:
+      raise OSError(28, "No space left on device")
+    saved.append(f)
+    real_save(f, array)
+
+  monkeypatch.setattr(np, "save", save_then_fill_the_disk)
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'"])
+  assert code == 1 and err.count("\n") == 1, (code, err)
+  assert "No space left on device); nothing was replaced: free space" in err, err
+  assert len(saved) == 1  # the first file was written before the second failed
+  after = {f: np.load(os.path.join(export_dir, f)) for f in os.listdir(export_dir)
+           if f.split("_step")[0] in stems}
+  assert sorted(after) == sorted(before)  # no .tmp left behind
+  for name, array in before.items():
+    np.testing.assert_array_equal(after[name], array, err_msg=name)

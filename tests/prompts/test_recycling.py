@@ -224,3 +224,28 @@ def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
   code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
   assert code == 130 and "interrupted" in err, (code, err)
   assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
+
+
+def test_a_failed_write_leaves_the_output_dir_as_it_was(models, monkeypatch):
+  """The write of the second method's .npy failing (a full disk) used to leave the first
+  method's new prompt beside the earlier second one and the earlier recycle.json."""
+  root, paths, _, _, _ = models
+  out_dir = root / "out_disk_full"
+  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10",
+          "--methods=vec2vec_linear,linear_combination"]
+  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
+  before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+  real_save, saved = np.save, []
+
+  def save_then_fill_the_disk(f, array):
+    if saved:
+      raise OSError(28, "No space left on device")
+    saved.append(f)
+    real_save(f, array)
+
+  monkeypatch.setattr(np, "save", save_then_fill_the_disk)
+  code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
+  assert code == 1 and "No space left on device); nothing was replaced" in err, (code, err)
+  assert len(saved) == 1
+  assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
