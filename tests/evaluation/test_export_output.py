@@ -77,15 +77,7 @@ def test_a_failed_write_leaves_the_previous_export_set_whole(trained_run, monkey
 
   monkeypatch.setattr(export_lib, "fold", lambda spec, config, params: {
       stem: np.full((2, 3), 10 + i, np.float32) for i, stem in enumerate(stems)})
-  real_save, saved = np.save, []
-
-  def save_then_fill_the_disk(f, array):
-    if saved:
-      raise OSError(28, "No space left on device")
-    saved.append(f)
-    real_save(f, array)
-
-  monkeypatch.setattr(np, "save", save_then_fill_the_disk)
+  saved = common.fill_the_disk_after_one_save(monkeypatch)
   code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'"])
   assert code == 1 and err.count("\n") == 1, (code, err)
   assert "No space left on device); nothing was replaced: free space" in err, err

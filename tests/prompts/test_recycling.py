@@ -12,6 +12,7 @@ from prompt_jax import cli
 from prompt_jax.models import T5, T5Config
 from prompt_jax.prompts import recycling
 from tests.prompts import helpers
+from tests.train import common
 
 VOCAB = 96
 SOURCE = T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
@@ -236,15 +237,7 @@ def test_a_failed_write_leaves_the_output_dir_as_it_was(models, monkeypatch):
           "--methods=vec2vec_linear,linear_combination"]
   assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
   before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
-  real_save, saved = np.save, []
-
-  def save_then_fill_the_disk(f, array):
-    if saved:
-      raise OSError(28, "No space left on device")
-    saved.append(f)
-    real_save(f, array)
-
-  monkeypatch.setattr(np, "save", save_then_fill_the_disk)
+  saved = common.fill_the_disk_after_one_save(monkeypatch)
   code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
   assert code == 1 and "No space left on device); nothing was replaced" in err, (code, err)
   assert len(saved) == 1

@@ -177,3 +177,18 @@ def embedded_float64_answers(prompt: np.ndarray) -> Dict[str, Tuple[str, str]]:
   greedy = [task.VOCABULARY.decode(inference.until_eos(row)) for row in tokens]
   best = [label_texts[i] for i in scores.argmax(-1)]
   return dict(zip(texts, zip(greedy, best)))
+
+
+def fill_the_disk_after_one_save(monkeypatch) -> List:
+  """Makes `np.save` write one file and then fail as a full disk does (OSError ENOSPC) on
+  every later call; returns the list the saved files' handles are appended to."""
+  real_save, saved = np.save, []
+
+  def save_then_fail(f, array, *args, **kwargs):
+    if saved:
+      raise OSError(28, "No space left on device")
+    saved.append(f)
+    real_save(f, array, *args, **kwargs)
+
+  monkeypatch.setattr(np, "save", save_then_fail)
+  return saved
