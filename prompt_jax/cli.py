@@ -586,6 +586,18 @@ def console_main() -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  command = argv[0] if argv and argv[0] in COMMANDS else ""
+  from prompt_jax import console  # pylint: disable=g-import-not-at-top
+  try:  # Ctrl-C while starting (importing JAX, TensorFlow) is one line too, not a traceback
+    with console.ctrl_c_remembered():
+      return _main(argv)
+  except KeyboardInterrupt:
+    print(f"prompt-jax{' ' + command if command else ''}: interrupted", file=sys.stderr,
+          flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _main(argv: List[str]) -> int:
   from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
   xla_defaults.apply()  # before JAX starts its backend (prompt_jax/xla_defaults.py)
   if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
@@ -609,9 +621,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       return _gin_command(command, rest)
     except Exception as e:  # pylint: disable=broad-except
       return _error(command, e, verbose)
-    except KeyboardInterrupt:
-      print(f"prompt-jax {command}: interrupted", file=sys.stderr, flush=True)
-      return 130
 
 
 def _bench(argv: List[str], verbose: bool) -> int:

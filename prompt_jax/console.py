@@ -11,7 +11,9 @@ TensorFlow only feeds data here: it is always kept off the GPUs, which belong to
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from typing import Callable, Iterator, Optional
@@ -39,6 +41,70 @@ def import_tensorflow(silence_import: bool = True):
   return tf
 
 
+_ctrl_c_seen = False  # set by `_raise_interrupt`: a Ctrl-C arrived during this command
+
+
+def _raise_interrupt(signum, frame) -> None:  # pylint: disable=unused-argument
+  global _ctrl_c_seen
+  _ctrl_c_seen = True
+  raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_remembered() -> Iterator[None]:
+  """Ctrl-C raises KeyboardInterrupt as Python's own handler does, and is remembered
+  (`ctrl_c_seen`): an interrupt raised inside a garbage-collection callback (JAX has one) is
+  only printed by Python ("Exception ignored in ..."), so the run went on; the training loop's
+  signal watch stops a run that saw one (train/guards.py). Only where Ctrl-C would raise (the
+  default handler, the main thread): an ignored SIGINT (a sweep's job) is left ignored."""
+  global _ctrl_c_seen
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    yield
+    return
+  _ctrl_c_seen = False
+  previous_hook = sys.unraisablehook
+
+  def hook(unraisable):  # the swallowed interrupt's "Exception ignored in" traceback: not ours
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+      previous_hook(unraisable)
+
+  signal.signal(signal.SIGINT, _raise_interrupt)
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.unraisablehook = previous_hook
+
+
+def ctrl_c_seen() -> bool:
+  """Whether a Ctrl-C arrived in this `ctrl_c_remembered` block (even one that was swallowed)."""
+  return _ctrl_c_seen
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+  """Ctrl-C held back until the block ends, then raised as KeyboardInterrupt: TensorFlow's
+  import (2-3 s here) lost a Ctrl-C that arrived inside it (the run went on). Only where
+  Ctrl-C would raise (the main thread, Python's or `ctrl_c_remembered`'s handler)."""
+  global _ctrl_c_seen
+  previous = signal.getsignal(signal.SIGINT)
+  if (threading.current_thread() is not threading.main_thread()
+      or previous not in (signal.default_int_handler, _raise_interrupt)):
+    yield
+    return
+  pending = []
+  signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if pending:
+    _ctrl_c_seen = True
+    raise KeyboardInterrupt
+
+
 def _import_with_stderr_discarded():
   """`import tensorflow` with fd 2 on /dev/null; Python errors raised by the import still show
   (they are raised after fd 2 is restored)."""
@@ -62,7 +128,8 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
   commands that read data); `enabled=False` (--verbose) changes nothing else."""
   if not enabled:
     if tensorflow:
-      import_tensorflow(silence_import=False)
+      with sigint_deferred():
+        import_tensorflow(silence_import=False)
     yield
     return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ INFO/WARNING/ERROR after import
@@ -85,7 +152,8 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
       logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
       if tensorflow:
-        import_tensorflow()
+        with sigint_deferred():  # TensorFlow's import loses a Ctrl-C that lands inside it
+          import_tensorflow()
       yield
     finally:
       for name, level in levels.items():

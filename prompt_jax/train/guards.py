@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from prompt_jax import console
 from prompt_jax.errors import RunError
 
 NOT_SEEN = -1
@@ -75,6 +76,8 @@ class PreemptionWatch:
     self._previous = {}
 
   def install(self) -> "PreemptionWatch":
+    if console.ctrl_c_seen():  # a Ctrl-C while the run started that library code swallowed
+      raise KeyboardInterrupt
     if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
       for signum in self.SIGNALS:
         # A signal the parent ignores stays ignored: `sweep run` starts its jobs with SIGINT

@@ -338,6 +338,59 @@ def test_ctrl_c_ignored_by_the_parent_stays_ignored(tmp_path):
   assert checkpoint_steps(d) == [STEPS]
 
 
+# Ctrl-C while the run starts, where library code catches the KeyboardInterrupt: inside
+# TensorFlow's import (a user's Ctrl-C 2-2.5 s after `prompt-jax train` was lost and the run
+# trained to its end, exit 0), and inside a garbage-collection callback (JAX has one; Python only
+# prints "Exception ignored in ...").
+CTRL_C_SWALLOWED = {
+    "tensorflow_import": """
+import os, signal, sys
+from prompt_jax import cli, console
+def import_catching_ctrl_c(silence_import=True):
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(1000))
+  except KeyboardInterrupt:
+    pass
+  import tensorflow as tf
+  return tf
+console.import_tensorflow = import_catching_ctrl_c
+sys.exit(cli.main(sys.argv[1:]))
+""",
+    "gc_callback": """
+import gc, os, signal, sys
+from prompt_jax import cli
+check = cli.check_against_run
+def check_with_ctrl_c_in_a_gc_callback(*args, **kwargs):
+  fired = []
+  def callback(phase, info):
+    if not fired:
+      fired.append(phase)
+      os.kill(os.getpid(), signal.SIGINT)
+      sum(range(1000))
+  gc.callbacks.append(callback)
+  try:
+    gc.collect()
+  finally:
+    gc.callbacks.remove(callback)
+  assert fired
+  return check(*args, **kwargs)
+cli.check_against_run = check_with_ctrl_c_in_a_gc_callback
+sys.exit(cli.main(sys.argv[1:]))
+"""}
+
+
+@pytest.mark.parametrize("where", sorted(CTRL_C_SWALLOWED))
+def test_ctrl_c_while_starting_that_a_library_swallows_still_stops_the_run(tmp_path, where):
+  d = str(tmp_path / where)
+  proc = common.cli_subprocess(run_argv(d, STEPS), timeout=300,
+                               python_code=CTRL_C_SWALLOWED[where])
+  assert proc.returncode == 130, proc.stdout[-3000:]
+  assert proc.stdout.endswith("prompt-jax train: interrupted\n"), proc.stdout[-3000:]
+  assert "Traceback" not in proc.stdout and "Exception ignored" not in proc.stdout
+  assert checkpoint_steps(d) == [] and "step 1/" not in proc.stdout
+
+
 def test_a_failed_run_leaves_no_signal_handler_behind(tmp_path):
   """A run ending in an error (here the NaN guard) restores the SIGINT/SIGTERM handlers: in a
   notebook a later Ctrl-C would otherwise only ask a finished loop to save."""
