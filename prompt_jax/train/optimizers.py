@@ -4,10 +4,14 @@ Each builder returns an `Optimizer`: the optax transformation and its learning-r
 (the loop logs the rate; the schedule is a pure function of the step, so it costs no state).
 """
 import dataclasses
+import math
+import numbers
 from typing import Callable, Optional
 
 import gin
 import optax
+
+from prompt_jax.errors import ConfigError, check_integer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +21,14 @@ class Optimizer:
 
 
 def _schedule(learning_rate: float, warmup_steps: int):
+  """Constant `learning_rate` after `warmup_steps` of linear warm-up; a rate that is not a number
+  >= 0 is one ConfigError here, when gin builds the optimizer before the run writes anything
+  (optax took 'fast' or -1 and failed, or trained uphill, only once the steps ran)."""
+  if (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
+      or not math.isfinite(learning_rate) or learning_rate < 0):
+    raise ConfigError(f"LEARNING_RATE must be a number >= 0, got {learning_rate!r}: e.g. "
+                      f"--gin.LEARNING_RATE=0.3 (a number, without quotes)")
+  check_integer(warmup_steps, "warmup_steps", 0)
   if not warmup_steps:
     return optax.constant_schedule(learning_rate)
   return optax.join_schedules(
