@@ -259,14 +259,16 @@ def _find_run_config() -> Optional[Tuple[str, str]]:
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
               search_paths: Sequence[str], command: Optional[str] = None):
   """Parses gin in the order of the module docstring (`layering`); returns its `Layers`.
-  `command` adds its implied run file and, for the commands that read a run,
-  MODEL_DIR/config.gin; paths are then made absolute."""
+  `command` adds its implied run file and, for the commands that read a run (and `train` given
+  no gin file: it continues the run in MODEL_DIR), MODEL_DIR/config.gin; paths are then made
+  absolute."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   _register_configurables()
   implied = [IMPLIED_RUN_FILES[command]] if command in IMPLIED_RUN_FILES else []
+  reads_run = command in RUN_COMMANDS or (command == "train" and not gin_files)
   try:
     layers = layering.parse(gin_files, bindings, search_paths, implied=implied,
-                            find_run_config=_find_run_config if command in RUN_COMMANDS else None)
+                            find_run_config=_find_run_config if reads_run else None)
   except ConfigError as e:
     raise _Error(str(e)) from e
   if command is not None:
@@ -277,19 +279,15 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
 def check_required(command: str, layers=None) -> None:
   """Names every required macro left unset (and, for a command that reads a run, says when
   MODEL_DIR holds none)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  missing = []
-  for name in REQUIRED_MACROS.get(command, ()):
-    try:
-      value = gin.query_parameter(f"%{name}")
-    except ValueError:
-      missing.append(name)
-      continue
-    if value is gin.REQUIRED or repr(value) == "%gin.REQUIRED":
-      missing.append(name)
-  if command not in ("describe", "inspect"):  # these need only the model's bindings
-    missing += [m for m in unbound_macros() if m not in missing]
+  missing = _missing_macros(command)
   model_dir = _macro("MODEL_DIR")
+  if command == "train" and missing and layers is not None and not (
+      layers.packaged or layers.own):  # no gin file, and no run in MODEL_DIR to continue
+    where = (f"MODEL_DIR {model_dir} holds no run to continue (no config.gin)" if model_dir
+             else "MODEL_DIR is not set")
+    raise _Error(f"train was given no gin file and {where}: name the run's gin files (e.g. "
+                 f"--gin_file=runs/embedded_default.gin), or set MODEL_DIR to a trained run's "
+                 f"directory to continue it")
   if command in RUN_COMMANDS and model_dir and layers is not None and layers.run_config is None:
     if missing:
       raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
@@ -303,6 +301,23 @@ def check_required(command: str, layers=None) -> None:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
                  f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file")
+
+
+def _missing_macros(command: str) -> List[str]:
+  """The command's required macros left unset, and macros referenced but bound nowhere."""
+  import gin  # pylint: disable=g-import-not-at-top
+  missing = []
+  for name in REQUIRED_MACROS.get(command, ()):
+    try:
+      value = gin.query_parameter(f"%{name}")
+    except ValueError:
+      missing.append(name)
+      continue
+    if value is gin.REQUIRED or repr(value) == "%gin.REQUIRED":
+      missing.append(name)
+  if command not in ("describe", "inspect"):  # these need only the model's bindings
+    missing += [m for m in unbound_macros() if m not in missing]
+  return missing
 
 
 def check_job(command: str) -> None:
@@ -560,6 +575,9 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
     dot_bindings.append(f"DATA_DIR = {absolute(args.data_dir)!r}")
   layers = parse_gin(args.gin_file, list(args.gin_bindings) + dot_bindings,
                      args.gin_search_paths, command=command)
+  if command == "train" and layers.run_config:  # no gin file: parse_gin layered config.gin
+    layers.notes.append(f"no gin file: continuing the run in {_macro('MODEL_DIR')} with its "
+                        f"config.gin")
   check_required(command, layers)
   check_against_run(layers)
   evaluate_what_the_run_trained(command, layers)

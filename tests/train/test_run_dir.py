@@ -153,6 +153,32 @@ def test_an_override_contradicting_the_dpt_checkpoint_names_both_values(dpt_run)
   assert code == 2 and "PROMPT_LENGTH=5 contradicts" in err and "PROMPT_LENGTH=8)" in err
 
 
+def test_train_given_only_model_dir_continues_the_run_with_its_config(dpt_run, tmp_path):
+  """`prompt-jax train --gin.MODEL_DIR=<run> --gin.TRAIN_STEPS=<more>` (no gin file, as eval and
+  infer take) continues the DPT run with its method and values; it used to say MODEL_DIR and
+  TRAIN_STEPS were 'not used by this configuration', then ask for the task macros."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path / "continued")
+  shutil.copytree(dpt_run[0], model_dir)
+  code, out, err = run_cli(["train", f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=4"])
+  assert code == 0, err
+  assert f"note: no gin file: continuing the run in {model_dir} with its config.gin" in out
+  assert "restored step 3 from" in out and "not used by this configuration" not in out
+  arrays = os.path.join(model_dir, "numpy_checkpoints", "checkpoint_4")
+  shapes = {f: np.load(os.path.join(arrays, f)).shape for f in os.listdir(arrays)}
+  assert sorted(shapes.values()) == [(4, 64), (8, 4)], shapes  # DPT_RANK 4, PROMPT_LENGTH 8
+  code, out, err = run_cli(["train", f"--gin.MODEL_DIR='{model_dir}'", "--gin.TRAIN_STEPS=5",
+                            "--gin.DPT_RANK=2"])
+  assert code == 2 and "DPT_RANK=2 contradicts the checkpoint" in err, err
+  code, out, err = run_cli(["train", f"--gin.MODEL_DIR='{tmp_path / 'none'}'",
+                            "--gin.TRAIN_STEPS=4"])
+  assert code == 2 and out == "" and not os.path.exists(tmp_path / "none")
+  assert err == (f"prompt-jax train: error: train was given no gin file and MODEL_DIR "
+                 f"{tmp_path / 'none'} holds no run to continue (no config.gin): name the run's "
+                 f"gin files (e.g. --gin_file=runs/embedded_default.gin), or set MODEL_DIR to a "
+                 f"trained run's directory to continue it\n")
+
+
 def test_export_folds_dpt_and_the_folded_prompt_evaluates_the_same(dpt_run):
   model_dir, _ = dpt_run
   code, out, err = run_cli(["export", "--format=npy", f"--gin.MODEL_DIR='{model_dir}'"])
