@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Optional
 
 import gin
 
+from prompt_jax.errors import ConfigError
+
 if TYPE_CHECKING:  # imported where used: `plan` and `bench` import this module without seqio
   import seqio
 
@@ -30,6 +32,19 @@ def get_vocabulary(path: Optional[str] = None,
         f"SentencePiece model {path!r} does not exist; pass the path of a .model file "
         f"(or set ${SPM_PATH_ENV}).")
   return _cached_vocabulary(path, extra_ids)
+
+
+def check_readable(vocabulary: "seqio.Vocabulary", where: str) -> "seqio.Vocabulary":
+  """`vocabulary` with its model read now (seqio reads a SentencePiece model lazily), so that a
+  file that is not one (a directory, a text file) is one ConfigError naming `where` ("--spm
+  x.txt"), not an exception from the first encode or decode."""
+  try:
+    vocabulary.vocab_size  # pylint: disable=pointless-statement
+  except Exception as e:  # pylint: disable=broad-except
+    message = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"{where} is not a SentencePiece model that can be read ({message}); "
+                      f"pass a .model file") from e
+  return vocabulary
 
 
 def check_fits(vocab: "seqio.Vocabulary", embedding_rows: int) -> None:

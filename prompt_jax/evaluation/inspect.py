@@ -374,13 +374,7 @@ def vocabulary_of(spm_path: Optional[str] = None, task: Optional[str] = None,
   env = os.environ.get(vocab_lib.SPM_PATH_ENV)
   where = (f"--vocabulary {spm_path}" if spm_path else f"${vocab_lib.SPM_PATH_ENV} {env}" if env
            else f"T5's vocabulary {vocab_lib.DEFAULT_SPM_PATH}")
-  try:
-    vocabulary.vocab_size  # pylint: disable=pointless-statement
-  except Exception as e:  # pylint: disable=broad-except
-    message = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ConfigError(f"{where} is not a SentencePiece model that can be read ({message}); "
-                      f"pass a .model file") from e
-  return vocabulary
+  return vocab_lib.check_readable(vocabulary, where)
 
 
 def inspect(*, prompt_file: Optional[str] = None, model_dir: Optional[str] = None,

@@ -102,15 +102,20 @@ class Classifier(nn.Module):
 def pretrain(tokens: np.ndarray, labels: Sequence[str], vocab_size: int, emb_dim: int, *,
              steps: int = 1000, batch_size: int = 64, learning_rate: float = 1e-3,
              encoder: str = "textcnn", widths: Tuple[int, ...] = (3, 4, 5), filters: int = 100,
-             hidden: int = 256, dropout_rate: float = 0.5, seed: int = 0, log_every: int = 100
+             hidden: int = 256, dropout_rate: float = 0.5, seed: int = 0, log_every: int = 100,
+             log: Callable[[str], None] = logging.info
              ) -> Tuple[np.ndarray, Dict[str, np.ndarray], Dict[str, float]]:
   """Trains the classifier on (tokens [N, T], labels); returns (table [V, H], network params
-  {'cnn/conv3_kernel': ...} without the head, metrics)."""
+  {'cnn/conv3_kernel': ...} without the head, metrics). Every `log_every` steps `log` gets the
+  loss (the CLI prints it)."""
   if encoder not in ipt.ENCODERS:
     raise ConfigError(f"--encoder must be one of {ipt.ENCODERS}, got {encoder!r}")
   if tokens.max() >= vocab_size:
     raise ConfigError(f"token id {int(tokens.max())} >= vocab_size={vocab_size}")
   classes = sorted(set(labels))
+  if len(classes) < 2:  # the loss is 0 from the start: the table would learn nothing
+    raise ConfigError(f"the data has one label ({classes[0]!r} for all {len(labels)} examples): "
+                      f"the classifier learns nothing; give examples of at least two labels")
   y = np.array([classes.index(label) for label in labels], np.int32)
   model = Classifier(vocab_size, emb_dim, len(classes), tuple(widths), filters, dropout_rate,
                      encoder, hidden)
@@ -142,7 +147,7 @@ def pretrain(tokens: np.ndarray, labels: Sequence[str], vocab_size: int, emb_dim
     last_loss = float(value)
     first_loss = last_loss if first_loss is None else first_loss
     if log_every and i % log_every == 0:
-      logging.info("ipt pretrain step %d loss %.4f", i, last_loss)
+      log(f"ipt-pretrain: step {i}/{steps} loss {last_loss:.4f}")
   metrics = {"first_loss": first_loss, "last_loss": last_loss,
              "train_accuracy": float(accuracy(params, tokens, y)), "num_classes": len(classes)}
   network = {k: np.asarray(v, np.float32)
@@ -200,8 +205,12 @@ def _out_path(out: str) -> str:
   """The table's path (np.save's: `.npy` appended when missing), checked before training."""
   path = out if out.endswith(".npy") else out + ".npy"
   parent = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path):
+  if os.path.isdir(out) or os.path.isdir(path):
     raise ConfigError(f"--out {out} is a directory; pass a file path such as {out}/table.npy")
+  for existing in (path, ipt.network_path(path)):  # a table trained before is never replaced
+    if os.path.exists(existing):
+      raise ConfigError(f"--out {out}: {existing} already exists: ipt-pretrain never replaces a "
+                        f"trained table; choose another --out or remove it first")
   if not os.path.isdir(parent):
     raise ConfigError(f"--out {out}: directory {parent} does not exist; create it first")
   if not os.access(parent, os.W_OK):
@@ -240,7 +249,6 @@ def main(argv=None) -> None:
       raise ConfigError(f"--{flag} must be positive, got {vars(args)[flag]}")
   out = _out_path(args.out)
   texts, labels = read_jsonl(args.data, args.text_key, args.label_key)
-  logging.basicConfig(level=logging.INFO)
   # The vocabulary imports TensorFlow (seqio). jaxlib (imported with this package) fixed the C++
   # log level before console.quiet could lower it, so TensorFlow's import and device set-up
   # notices (cuInit on a machine without a GPU) go to a discarded fd 2 here.
@@ -249,15 +257,18 @@ def main(argv=None) -> None:
       console.import_tensorflow()
   with console.quiet(enabled=not args.verbose):
     from prompt_jax.vocab import get_vocabulary  # pylint: disable=g-import-not-at-top
+    from prompt_jax.vocab import check_readable  # pylint: disable=g-import-not-at-top
     try:
       vocab = get_vocabulary(args.spm)
     except FileNotFoundError as e:
       raise ConfigError(f"--spm: {str(e).splitlines()[0]}") from e
+    check_readable(vocab, f"--spm {args.spm}" if args.spm else "T5's vocabulary")
     tokens = encode_batch(texts, vocab.encode, args.max_length)
     table, network, metrics = pretrain(
         tokens, labels, args.vocab_size, args.emb_dim, steps=args.steps,
         batch_size=args.batch_size, learning_rate=args.learning_rate, encoder=args.encoder,
-        filters=args.filters, hidden=args.hidden, seed=args.seed)
+        filters=args.filters, hidden=args.hidden, seed=args.seed,
+        log=lambda line: print(line, flush=True))
     network_file = _save(out, table, network, encoder=args.encoder, widths=(3, 4, 5),
                          filters=args.filters, hidden=args.hidden)
   print(json.dumps(dict(metrics, out=out, network=network_file, shape=list(table.shape))))

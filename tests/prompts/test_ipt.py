@@ -174,6 +174,46 @@ def test_ipt_pretrain_bad_inputs_are_one_line_exit_2(tmp_path, monkeypatch, caps
   assert not list(tmp_path.glob("t*")) and not (tmp_path / "missing_dir").exists()
 
 
+@pytest.mark.parametrize("existing", ["t.npy", "t.network.npz", "tdir/"])
+def test_ipt_pretrain_never_replaces_a_trained_table(tmp_path, monkeypatch, capsys, existing):
+  """Running ipt-pretrain again with the same --out replaced the table (and its network) trained
+  before; --out naming a directory wrote <dir>.npy beside it."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "data.jsonl").write_text('{"text": "a", "label": "x"}\n')
+  if existing.endswith("/"):
+    (tmp_path / existing).mkdir()
+  else:
+    (tmp_path / existing).write_bytes(b"trained before")
+  before = {p.name: (p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir()}
+  out = existing.rstrip("/") if existing.endswith("/") else "t.npy"
+  assert cli.main(["ipt-pretrain", "--data=data.jsonl", f"--out={out}", "--emb_dim=8"]) == 2
+  line = _one_error_line(capsys.readouterr().err)
+  assert ("is a directory" if existing.endswith("/") else
+          f"{existing} already exists: ipt-pretrain never replaces a trained table") in line, line
+  assert {p.name: (p.read_bytes() if p.is_file() else None)
+          for p in tmp_path.iterdir()} == before
+
+
+def test_ipt_pretrain_spm_that_is_not_a_sentencepiece_model_is_one_line(tmp_path, monkeypatch,
+                                                                        capsys):
+  """Was `RuntimeError: INTERNAL: unk is not defined.`, exit 1."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "data.jsonl").write_text('{"text": "a", "label": "x"}\n')
+  (tmp_path / "notes.txt").write_text("not a model\n")
+  assert cli.main(["ipt-pretrain", "--data=data.jsonl", "--out=t.npy", "--emb_dim=8",
+                   "--spm=notes.txt"]) == 2
+  line = _one_error_line(capsys.readouterr().err)
+  assert "--spm notes.txt is not a SentencePiece model that can be read" in line, line
+  assert not list(tmp_path.glob("t*"))
+
+
+def test_ipt_pretrain_of_one_label_is_refused():
+  """One label: the loss is 0 from the first step and the table learns nothing (it trained
+  without a word)."""
+  with pytest.raises(ConfigError, match=r"^the data has one label \('x' for all 3 examples\)"):
+    ipt_pretrain.pretrain(np.ones((3, 4), np.int32), ["x"] * 3, V, 8, steps=1, log_every=0)
+
+
 def test_ipt_pretrain_verbose_adds_the_traceback(tmp_path, monkeypatch, capsys):
   monkeypatch.chdir(tmp_path)
   assert cli.main(["ipt-pretrain", "--data=nope.jsonl", "--out=t.npy", "--emb_dim=8",
