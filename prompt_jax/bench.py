@@ -596,19 +596,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.side:
     return _side(args)
   if args.what == "ensemble" and args.dtype != "float32":
-    print("prompt-jax bench: error: bench ensemble runs float32 only; drop --dtype",
-          file=sys.stderr)
-    return 1
+    raise errors.ConfigError("bench ensemble runs float32 only; drop --dtype")
   reference = args.reference or (
       "torch" if args.what == "train_step" else "none" if args.what in _NO_REFERENCE else "peft")
-  try:
+  try:  # a bad flag is one line and exit 2 before either side starts (minutes of measuring)
     _check_reference(args.what, reference)
     if args.what in ("epoch", "eval"):
       from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
       bench_rte.check_inputs(args)
+    _check_outputs(args)
   except ValueError as e:
-    print(f"prompt-jax bench: error: {e}", file=sys.stderr)
-    return 1
+    raise errors.ConfigError(str(e)) from e
   lines = []
 
   def say(line: str) -> None:
@@ -769,11 +767,30 @@ def _check_shape(args) -> None:
   if args.preset not in PRESETS:
     raise errors.ConfigError(f"--preset={args.preset} is not a T5 preset (one of "
                              f"{', '.join(sorted(PRESETS))}){did_you_mean(args.preset, PRESETS)}")
-  for flag, least in (("batch", 1), ("inputs", 1), ("targets", 1), ("prompt_length", 0),
+  # --prompt_length 0 trains nothing: no backward pass at all, against MFU's forward + backward
+  for flag, least in (("batch", 1), ("inputs", 1), ("targets", 1), ("prompt_length", 1),
                       ("steps", 1), ("num_layers", 1)):
     value = getattr(args, flag)
     if value is not None and value < least:
       raise errors.ConfigError(f"--{flag} must be >= {least}, got {value}")
+
+
+def _check_outputs(args) -> None:
+  """--record (a file appended to) and --profile (a directory), checked before the measuring:
+  a directory, a missing folder or an unwritable place failed only once the figures were in."""
+  if args.record:
+    parent = os.path.dirname(os.path.abspath(args.record))
+    if os.path.isdir(args.record):
+      raise ValueError(f"--record {args.record} is a directory: name the markdown file to append "
+                       f"to (e.g. docs/benchmarks.md)")
+    if not os.path.isdir(parent):
+      raise ValueError(f"--record {args.record}: directory {parent} does not exist; create it "
+                       f"first")
+    if not os.access(args.record if os.path.exists(args.record) else parent, os.W_OK):
+      raise ValueError(f"--record {args.record} is not writable; choose another file")
+  profile = getattr(args, "profile", None)
+  if profile and os.path.exists(profile) and not os.path.isdir(profile):
+    raise ValueError(f"--profile {profile} is a file: name a directory for the trace")
 
 
 def _check_reference(what: str, reference: str) -> None:

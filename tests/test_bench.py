@@ -66,7 +66,7 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
   out = capsys.readouterr().out
   assert "x 8 targets, bfloat16" in out
   assert re.search(r"ratio ours/reference: time [0-9.]+, memory [0-9.]+", out)
-  assert cli.main(["bench", "ensemble", "--dtype=bfloat16"]) == 1
+  assert cli.main(["bench", "ensemble", "--dtype=bfloat16"]) == 2
   assert "bench ensemble runs float32 only" in capsys.readouterr().err
 
 
@@ -79,7 +79,15 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
     ("--batch=0", "--batch must be >= 1, got 0"),
     ("--inputs=-1", "--inputs must be >= 1, got -1"),
     ("--steps=0", "--steps must be >= 1, got 0"),
-    ("--num_layers=0", "--num_layers must be >= 1, got 0")])
+    ("--num_layers=0", "--num_layers must be >= 1, got 0"),
+    # a step with no prompt trains nothing: it printed MFU 149% (no backward pass at all)
+    ("--prompt_length=0", "--prompt_length must be >= 1, got 0"),
+    # --record / --profile were found unusable only after the measuring
+    ("--record=/", "--record / is a directory: name the markdown file to append to"),
+    ("--record=/no/such/dir/bench.md", "--record /no/such/dir/bench.md: directory /no/such/dir "
+                                       "does not exist; create it first"),
+    (f"--profile={__file__}", f"--profile {__file__} is a file: name a directory for the "
+                              f"trace")])
 def test_bench_refuses_a_shape_no_side_can_run_before_either_starts(flag, message, capsys):
   """An unknown preset or a batch of 0 was found inside a side (exit 1; --batch=0 after our
   side had run for half a minute): one line, exit 2, nothing measured."""
@@ -176,7 +184,7 @@ def test_bench_epoch_grouped_by_length_processes_fewer_positions(shared_data, ca
     assert found, out
     counts[group] = int(found.group(1)), int(found.group(2))
   assert counts[3][0] == counts[0][0] and counts[3][1] < counts[0][1], counts
-  assert cli.main(_rte_argv("epoch", shared_data, "--buckets=0", "--group=2")) == 1
+  assert cli.main(_rte_argv("epoch", shared_data, "--buckets=0", "--group=2")) == 2
   err = capsys.readouterr().err
   assert "--group=2: pass a number of batches >= 0, and --buckets > 0" in err
   assert len(err.strip().splitlines()) == 1, err
@@ -201,7 +209,7 @@ def test_bench_eval_on_real_rte(shared_data, capsys):
      "bench epoch compares with the peft library: use --reference=peft"),
 ])
 def test_bench_rte_bad_inputs_are_one_line_errors(argv, message, capsys):
-  assert cli.main(argv) == 1
+  assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 

@@ -13,7 +13,7 @@ def test_bench_ensemble_reports_ratios_and_memory(capsys, tmp_path):
   # --record keeps every figure line (it was ignored); there is no library reference.
   assert record.read_text().count("ensemble, 2 examples x 3 prompts in one batch") == 1
   assert out.splitlines()[-1] == f"recorded in {record}"
-  assert cli.main(["bench", "ensemble", "--reference=peft"]) == 1
+  assert cli.main(["bench", "ensemble", "--reference=peft"]) == 2
   assert "bench ensemble has no library reference" in capsys.readouterr().err
   assert re.search(r"ensemble, 2 examples x 3 prompts in one batch: [0-9.]+ s", out)
   assert re.search(r"ratio per pair: ensemble / one prompt [0-9.]+ \(target <= 1.1\); "

@@ -57,6 +57,6 @@ def test_a_checkpoint_of_other_shapes_and_a_reference_are_one_line_errors(capsys
   assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
   assert "INITIAL_CHECKPOINT_PATH" in err and "shape" in err, err
   assert sorted(os.listdir(checkpoint)) == before
-  assert cli.main(["bench", "startup", "--reference=peft"]) == 1
+  assert cli.main(["bench", "startup", "--reference=peft"]) == 2
   err = capsys.readouterr().err
   assert "bench startup has no library reference" in err and len(err.strip().splitlines()) == 1
