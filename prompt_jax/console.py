@@ -19,7 +19,7 @@ import warnings
 from typing import Callable, Iterator, Optional
 
 # Python loggers of libraries whose INFO/WARNING lines are not actionable for a user.
-_NOISY_LOGGERS = ("absl", "tensorflow", "seqio", "orbax", "jax._src.xla_bridge",
+_NOISY_LOGGERS = ("absl", "tensorflow", "seqio", "orbax", "jax._src.xla_bridge", "urllib3",
                   "tensorflow_datasets", "clu", "etils")
 _NOISY_MODULES = r"(tensorflow|tensorflow_datasets|tensorflow_text|seqio|tf_keras|keras|orbax|" \
                  r"clu|google\.protobuf|etils|absl)(\.|$)"

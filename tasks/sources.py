@@ -234,7 +234,19 @@ class LocalOrTfdsSource(seqio.DataSource):
       if shard_info:
         ds = ds.shard(shard_info.num_shards, shard_info.index)
       return ds
-    return self._tfds.get_dataset(split=split, shuffle=shuffle, seed=seed, shard_info=shard_info)
+    try:
+      return self._tfds.get_dataset(split=split, shuffle=shuffle, seed=seed,
+                                    shard_info=shard_info)
+    except OSError as e:  # TFDS downloads a dataset it has not prepared: offline, after minutes
+      if isinstance(e, FileNotFoundError) and str(e).startswith(self.description):
+        raise
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      local = (f"pass --data_dir=DIR with the official files ({self.local.folder}/: "
+               f"{self.local.how_to_get}), or " if self.local else "")
+      raise FileNotFoundError(
+          f"{self.description}: TFDS {self.tfds_name} could not be read or downloaded "
+          f"({type(e).__name__}: {reason}); without network, {local}pass --tfds_data_dir=DIR "
+          f"where it is prepared") from e
 
   def list_shards(self, split: str) -> Sequence[str]:
     if self.uses_local_files():

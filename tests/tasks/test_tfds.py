@@ -55,3 +55,21 @@ def test_tfds_label_outside_label_set_is_an_error():
   with _mock(bad), pytest.raises(tf.errors.InvalidArgumentError,
                                  match="rte: label index outside the label set"):
     text_examples("super_glue_rte_v102", "validation")
+
+
+def test_a_failed_tfds_download_is_one_line_naming_the_local_files():
+  """Offline, with no data dir, TFDS tried to download RTE for minutes and the command ended in
+  `ConnectionError: HTTPSConnectionPool(...)`, exit 1: now one line saying what to pass."""
+  import requests  # pylint: disable=g-import-not-at-top
+
+  def offline(builder, split, **unused_kwargs):
+    raise requests.exceptions.ConnectionError(
+        "HTTPSConnectionPool(host='dl.fbaipublicfiles.com', port=443): Max retries exceeded")
+
+  with tfds.testing.mock_data(as_dataset_fn=offline), pytest.raises(FileNotFoundError) as e:
+    text_examples("super_glue_rte_v102", "validation")
+  message = str(e.value)
+  assert message.startswith("SuperGLUE RTE: TFDS super_glue/rte:1.0.2 could not be read or "
+                            "downloaded (ConnectionError: HTTPSConnectionPool("), message
+  assert "without network, pass --data_dir=DIR with the official files (super_glue/RTE/" in message
+  assert message.endswith("or pass --tfds_data_dir=DIR where it is prepared") and "\n" not in message
