@@ -110,10 +110,23 @@ def _binding_syntax(e: SyntaxError) -> Optional[str]:
   why = "; ".join(l.strip().rstrip(".") for l in str(e.msg).splitlines()
                   if l.strip() and "object at 0x" not in l) or "a syntax error"
   message = f"cannot parse the binding `{e.text.strip()}` ({why})"
-  if re.match(r"[A-Za-z_/.~]", value):  # a bare word or path: a string without its quotes
+  number = _bound_number(name)
+  if number is not None:  # TRAIN_STEPS=abc, LEARNING_RATE=3e-1x: quoting would not help
+    message += f"; {name} takes a number, e.g. --gin.{name}={number!r}"
+  elif re.match(r"[A-Za-z_/.~]", value):  # a bare word or path: a string without its quotes
     message += (f"; a string value needs quotes inside the flag: "
                 f"--gin.{name}=\"'{value}'\"")
   return message
+
+
+def _bound_number(name: str) -> Optional[float]:
+  """The number `name` (a macro, or configurable.parameter) is bound to so far (a packaged
+  default), or None when it is unbound or not a number."""
+  try:
+    value = _gin().query_parameter(name if "." in name else f"%{name}")
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _gin_path(f: str) -> Optional[str]:

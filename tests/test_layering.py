@@ -170,9 +170,17 @@ def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):
     ("--gin.MODEL_DIR=run", "gin: cannot parse the binding `MODEL_DIR = run` (Failed to parse "
                             "token 'run'); a string value needs quotes inside the flag: "
                             "--gin.MODEL_DIR=\"'run'\""),
-    # Not a string without its quotes: no advice to quote `= 3`.
+    # Not a string without its quotes: no advice to quote `= 3`; a number, as bound so far.
     ("--gin_bindings=TRAIN_STEPS = = 3", "gin: cannot parse the binding `TRAIN_STEPS = = 3` "
-                                         "(Unable to parse value)"),
+                                         "(Unable to parse value); TRAIN_STEPS takes a number, "
+                                         "e.g. --gin.TRAIN_STEPS=300"),
+    # A number's macro: the advice to quote it was wrong (then 'must be an integer').
+    ("--gin.TRAIN_STEPS=abc", "gin: cannot parse the binding `TRAIN_STEPS = abc` (Failed to "
+                              "parse token 'abc'); TRAIN_STEPS takes a number, e.g. "
+                              "--gin.TRAIN_STEPS=300"),
+    ("--gin.LEARNING_RATE=3e-1x", "gin: cannot parse the binding `LEARNING_RATE = 3e-1x` "
+                                  "(Expected newline); LEARNING_RATE takes a number, e.g. "
+                                  "--gin.LEARNING_RATE=0.3"),
     # gin said ('EOF in multi-line statement', (3, 0)).
     ("--gin.TASK_FEATURE_LENGTHS={'inputs': 3", "gin: the binding `TASK_FEATURE_LENGTHS = "
                                                 "{'inputs': 3` opens a bracket it never "
