@@ -458,6 +458,7 @@ def _train(args) -> None:
   from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
   model_dir = _macro("MODEL_DIR")
+  loop.train(check_only=True)  # a refused value is the only line, not after 'for abc steps'
   _say(f"prompt-jax train: {_macro('MIXTURE_OR_TASK_NAME')} for {_macro('TRAIN_STEPS')} steps "
        f"into {model_dir}")
   _print_final(loop.train(infer_fn=inference.evaluate))

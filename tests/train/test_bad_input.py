@@ -419,6 +419,14 @@ def test_bad_input(case, results):
   assert ": error: " in lines[0] and case.expect in lines[0], output
   assert "Traceback" not in proc.stderr + proc.stdout, output
   assert after == before, "a failed run changed what was there before"
+  if case.id.startswith(VALUE_CASES):  # refused before train announced 'for abc steps into ...'
+    assert " steps into " not in proc.stdout, output
+
+
+# Values `loop.train(check_only=True)` refuses: before `train` says what it is about to run.
+VALUE_CASES = ("wrong_value_type", "learning_rate_", "batch_size_zero", "keep_no_checkpoints",
+               "checkpoint_period_zero", "stats_period_zero", "prompt_length_",
+               "loss_normalizing_factor_")
 
 
 def test_verbose_adds_the_traceback(tmp_path):
