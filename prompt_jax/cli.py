@@ -519,6 +519,9 @@ def _macro_value(name: str):
 
 def _inspect(args) -> None:
   from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  # The flags' own problems first: a missing --prompt file was found only once the vocabulary
+  # (checked next) was fixed.
+  inspect_lib.check_inputs(args.top_k, absolute(args.prompt) if args.prompt else None)
   vocabulary = inspect_lib.vocabulary_of(
       absolute(args.vocabulary) if args.vocabulary else None,
       task=_macro("MIXTURE_OR_TASK_NAME"), task_module=_macro("MIXTURE_OR_TASK_MODULE"))

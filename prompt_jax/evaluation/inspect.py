@@ -311,6 +311,14 @@ def inspect_prompt(prompt: np.ndarray, table: np.ndarray, vocabulary, out_stem: 
 
 # ===== a prompt file or a run =====
 
+def check_inputs(top_k: int, prompt_file: Optional[str] = None) -> Optional[np.ndarray]:
+  """--top_k, then --prompt's file (read: returned), each one ConfigError line; the CLI checks
+  them before the vocabulary, so a missing file is not found only once that is fixed."""
+  if top_k < 1:
+    raise ConfigError(f"--top_k must be >= 1, got {top_k}")
+  return load_prompt_file(prompt_file) if prompt_file else None
+
+
 def load_prompt_file(path: str) -> np.ndarray:
   prompt = npy.load(path, f"--prompt {path}", "give a .npy prompt file [P, H]")
   if prompt.ndim != 2:
@@ -385,11 +393,10 @@ def inspect(*, prompt_file: Optional[str] = None, model_dir: Optional[str] = Non
   checkpoint), against INITIAL_CHECKPOINT_PATH's embedding table; see the module docstring."""
   from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
-  if top_k < 1:
-    raise ConfigError(f"--top_k must be >= 1, got {top_k}")
+  loaded = check_inputs(top_k, prompt_file)
   events_dir = None
   if prompt_file:
-    prompt = load_prompt_file(prompt_file)
+    prompt = loaded
     stem = os.path.splitext(os.path.basename(prompt_file))[0]
     out_stem = os.path.join(output_dir or os.path.dirname(os.path.abspath(prompt_file)), stem)
     title = os.path.basename(prompt_file)

@@ -276,6 +276,10 @@ def test_a_prompt_file_without_a_vocabulary_is_refused(tmp_path, monkeypatch):
   _assert_one_line(code, out, err, "inspect decodes the neighbours with a vocabulary: give "
                                    "--vocabulary=spiece.model")
   assert os.listdir(tmp_path) == ["p.npy"]
+  # A missing file is said first (it was said only once the vocabulary was given).
+  code, out, err = run_cli(["inspect", f"--prompt={tmp_path / 'q.npy'}",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'"])
+  _assert_one_line(code, out, err, f"--prompt {tmp_path / 'q.npy'} does not exist")
 
 
 @pytest.mark.parametrize("kind", ["corrupt_file", "directory"])
