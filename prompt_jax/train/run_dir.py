@@ -107,9 +107,13 @@ def state_dir(checkpoint_path: str) -> str:
   path = checkpoint_path.rstrip("/")
   state = path if os.path.basename(path) == "state" else os.path.join(path, "state")
   if not epath.Path(state).is_dir():
+    parent = epath.Path(os.path.dirname(os.path.dirname(state)))
+    steps = sorted(int(p.name) for p in parent.iterdir() if p.name.isdigit()
+                   and (p / "state").is_dir()) if parent.is_dir() else []
+    there = f" (the steps in {parent}: {', '.join(map(str, steps))})" if steps else ""
     raise ConfigError(f"CHECKPOINT_PATH {checkpoint_path!r} is not a prompt_jax checkpoint "
-                      f"(no {state}): name a MODEL_DIR/checkpoints/<step> directory, or leave "
-                      f"CHECKPOINT_PATH out for the run's latest")
+                      f"(no {state}): name a MODEL_DIR/checkpoints/<step> directory{there}, or "
+                      f"leave CHECKPOINT_PATH out for the run's latest")
   return state
 
 

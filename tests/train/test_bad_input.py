@@ -329,6 +329,10 @@ CASES = [
         f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
          "/state): name a MODEL_DIR/checkpoints/<step> directory, or leave CHECKPOINT_PATH out "
          "for the run's latest", model_dir="fresh"),
+    Case("eval_checkpoint_path_of_a_step_not_saved", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'",
+        f"--gin.CHECKPOINT_PATH='{c.model_dir}/checkpoints/7'"],
+         "/checkpoints/7/state): name a MODEL_DIR/checkpoints/<step> directory (the steps in "),
     Case("describe_model_dir_without_a_run", lambda c: [
         "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
          "holds no trained run (no config.gin): point it at a run's directory, or name a model "
