@@ -24,8 +24,9 @@ def _schedule(learning_rate: float, warmup_steps: int):
   """Constant `learning_rate` after `warmup_steps` of linear warm-up; a rate that is not a number
   >= 0 is one ConfigError here, when gin builds the optimizer before the run writes anything
   (optax took 'fast' or -1 and failed, or trained uphill, only once the steps ran)."""
+  # (inf is let through: the loop's NaN/Inf guard stops such a run at its first step, saying so)
   if (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
-      or not math.isfinite(learning_rate) or learning_rate < 0):
+      or math.isnan(learning_rate) or learning_rate < 0):
     raise ConfigError(f"LEARNING_RATE must be a number >= 0, got {learning_rate!r}: e.g. "
                       f"--gin.LEARNING_RATE=0.3 (a number, without quotes)")
   check_integer(warmup_steps, "warmup_steps", 0)
