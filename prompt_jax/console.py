@@ -76,6 +76,7 @@ def ctrl_c_remembered() -> Iterator[None]:
   finally:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.unraisablehook = previous_hook
+    _ctrl_c_seen = False  # a later run in this process (a notebook, a test) starts afresh
 
 
 def ctrl_c_seen() -> bool:
@@ -101,7 +102,8 @@ def sigint_deferred() -> Iterator[None]:
   finally:
     signal.signal(signal.SIGINT, previous)
   if pending:
-    _ctrl_c_seen = True
+    if previous is _raise_interrupt:  # inside `ctrl_c_remembered`: remembered there
+      _ctrl_c_seen = True
     raise KeyboardInterrupt
 
 

@@ -391,6 +391,32 @@ def test_ctrl_c_while_starting_that_a_library_swallows_still_stops_the_run(tmp_p
   assert checkpoint_steps(d) == [] and "step 1/" not in proc.stdout
 
 
+def test_a_remembered_ctrl_c_does_not_outlive_its_command():
+  """A Ctrl-C remembered during one command (or raised by a deferral outside any) must not stop
+  a later run in the same process (a notebook) at its start."""
+  from prompt_jax import console  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import guards  # pylint: disable=g-import-not-at-top
+  before = signal.getsignal(signal.SIGINT)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with console.ctrl_c_remembered():
+      with pytest.raises(KeyboardInterrupt):
+        with console.sigint_deferred():
+          os.kill(os.getpid(), signal.SIGINT)
+          sum(range(1000))  # held back: no KeyboardInterrupt here
+      assert console.ctrl_c_seen()
+    assert not console.ctrl_c_seen()
+    with pytest.raises(KeyboardInterrupt):
+      with console.sigint_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))
+    assert not console.ctrl_c_seen()
+    guards.PreemptionWatch().install().uninstall()  # does not raise
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, before)
+
+
 def test_a_failed_run_leaves_no_signal_handler_behind(tmp_path):
   """A run ending in an error (here the NaN guard) restores the SIGINT/SIGTERM handlers: in a
   notebook a later Ctrl-C would otherwise only ask a finished loop to save."""
