@@ -238,8 +238,6 @@ class LocalOrTfdsSource(seqio.DataSource):
       return self._tfds.get_dataset(split=split, shuffle=shuffle, seed=seed,
                                     shard_info=shard_info)
     except OSError as e:  # TFDS downloads a dataset it has not prepared: offline, after minutes
-      if isinstance(e, FileNotFoundError) and str(e).startswith(self.description):
-        raise
       reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       local = (f"pass --data_dir=DIR with the official files ({self.local.folder}/: "
                f"{self.local.how_to_get}), or " if self.local else "")
