@@ -203,17 +203,27 @@ def test_recyclers_directly():
     recycling.select_rows(50, 45, 10)
 
 
+def _contents(out_dir) -> dict:
+  return {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+
+
+def _an_earlier_recycle(models, name: str, methods: str):
+  """Recycles `methods` onto the unrelated target into root/<name>; returns (a function running
+  the same into the same OUTPUT_DIR onto the mapped target, OUTPUT_DIR, its contents now)."""
+  root, paths, _, _, _ = models
+  out_dir = root / name
+  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10", f"--methods={methods}"]
+  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
+  return lambda: _cli(argv + [f"--target={paths['mapped']}"]), out_dir, _contents(out_dir)
+
+
 def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
   """A recycle run into an OUTPUT_DIR holding an earlier one, stopped by its second method
   (Ctrl-C during the MLP's fit): the first method's .npy used to replace the earlier one's while
   the earlier recycle.json stayed, describing other prompts. Nothing is written now."""
-  root, paths, _, _, _ = models
-  out_dir = root / "out_interrupted"
-  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
-          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10",
-          "--methods=vec2vec_linear,vec2vec_mlp"]
-  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
-  before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+  rerun, out_dir, before = _an_earlier_recycle(models, "out_interrupted",
+                                               "vec2vec_linear,vec2vec_mlp")
   real = recycling.recycle
 
   def interrupted(prompt, source, target, method, rows):
@@ -222,23 +232,18 @@ def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
     return real(prompt, source, target, method, rows)
 
   monkeypatch.setattr(recycling, "recycle", interrupted)
-  code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
+  code, _, err = rerun()
   assert code == 130 and "interrupted" in err, (code, err)
-  assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
+  assert _contents(out_dir) == before
 
 
 def test_a_failed_write_leaves_the_output_dir_as_it_was(models, monkeypatch):
   """The write of the second method's .npy failing (a full disk) used to leave the first
   method's new prompt beside the earlier second one and the earlier recycle.json."""
-  root, paths, _, _, _ = models
-  out_dir = root / "out_disk_full"
-  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
-          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10",
-          "--methods=vec2vec_linear,linear_combination"]
-  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
-  before = {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
+  rerun, out_dir, before = _an_earlier_recycle(models, "out_disk_full",
+                                               "vec2vec_linear,linear_combination")
   saved = common.fill_the_disk_after_one_save(monkeypatch)
-  code, _, err = _cli(argv + [f"--target={paths['mapped']}"])
+  code, _, err = rerun()
   assert code == 1 and "No space left on device); nothing was replaced" in err, (code, err)
   assert len(saved) == 1
-  assert {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)} == before
+  assert _contents(out_dir) == before
