@@ -37,6 +37,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
@@ -605,6 +606,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       from prompt_jax import bench_rte  # pylint: disable=g-import-not-at-top
       bench_rte.check_inputs(args)
     _check_outputs(args)
+    _check_xla_flags(args.xla_flags)
   except ValueError as e:
     raise errors.ConfigError(str(e)) from e
   lines = []
@@ -791,6 +793,28 @@ def _check_outputs(args) -> None:
   profile = getattr(args, "profile", None)
   if profile and os.path.exists(profile) and not os.path.isdir(profile):
     raise ValueError(f"--profile {profile} is a file: name a directory for the trace")
+
+
+def _check_xla_flags(xla_flags: str) -> None:
+  """--xla_flags that XLA rejects, found in a second's start of its backend: our side failed
+  with XLA's own fatal log line, exit 1, after the bench had printed its first lines."""
+  if not xla_flags:
+    return
+  from prompt_jax import xla_defaults  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, XLA_FLAGS=xla_defaults.merge(os.environ.get("XLA_FLAGS", ""), xla_flags),
+             TF_CPP_MIN_LOG_LEVEL="0")  # XLA's error line on a value (console silences it)
+  proc = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                        capture_output=True, text=True, check=False)
+  listed = "this jaxlib's flags are listed by XLA_FLAGS=--help"
+  unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", proc.stderr)
+  if unknown:
+    raise ValueError(f"--xla_flags: XLA has no flag {unknown.group(1).strip()} ({listed})")
+  value = re.search(r"Couldn't interpret value (.*) for flag (\S+?)\.?$", proc.stderr, re.M)
+  if value:
+    raise ValueError(f"--xla_flags: {value.group(1)} is not a value of --{value.group(2)} "
+                     f"({listed})")
+  if proc.returncode and "Flag parsing failed" in proc.stderr:
+    raise ValueError(f"--xla_flags {xla_flags!r}: XLA cannot parse these flags ({listed})")
 
 
 def _check_reference(what: str, reference: str) -> None:

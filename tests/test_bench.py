@@ -87,7 +87,12 @@ def test_bench_bfloat16_runs_both_sides_in_bfloat16(capsys):
     ("--record=/no/such/dir/bench.md", "--record /no/such/dir/bench.md: directory /no/such/dir "
                                        "does not exist; create it first"),
     (f"--profile={__file__}", f"--profile {__file__} is a file: name a directory for the "
-                              f"trace")])
+                              f"trace"),
+    # XLA's own fatal log line, exit 1, once the bench had started printing
+    ("--xla_flags=--xla_cpu_no_such_flag=true", "--xla_flags: XLA has no flag "
+                                                "--xla_cpu_no_such_flag=true (this jaxlib's"),
+    ("--xla_flags=--xla_cpu_enable_fast_math=maybe", "--xla_flags: maybe is not a value of "
+                                                     "--xla_cpu_enable_fast_math (")])
 def test_bench_refuses_a_shape_no_side_can_run_before_either_starts(flag, message, capsys):
   """An unknown preset or a batch of 0 was found inside a side (exit 1; --batch=0 after our
   side had run for half a minute): one line, exit 2, nothing measured."""
