@@ -50,6 +50,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax import errors
 from prompt_jax.errors import ConfigError
+from prompt_jax.paths import absolute
 
 COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "describe", "tasks",
             "bench", "sweep", "plan", "recycle", "ipt-pretrain")
@@ -204,13 +205,6 @@ def initialize_distributed(args) -> None:
 
 
 # ===== gin: layers, paths, required macros =====
-
-def absolute(path: str) -> str:
-  """A local path made absolute (against the working directory); URLs (gs://...) unchanged."""
-  if "://" in path:
-    return path
-  return os.path.abspath(os.path.expanduser(path))
-
 
 def _macro(name: str):
   import gin  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,6 @@
-"""Where the packaged resources (gin files) live, for wheel and editable installs alike."""
+"""Where the packaged resources (gin files) live, for wheel and editable installs alike, and a
+user's path made absolute."""
+import os
 import pathlib
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
@@ -17,3 +19,10 @@ def gin_dir() -> str:
   raise FileNotFoundError(
       f"prompt_jax's gin files are missing (looked in {_PACKAGE_DIR / 'gin'} and "
       f"{_PACKAGE_DIR.parent / 'gin'}); reinstall prompt_jax with `pip install -e .`.")
+
+
+def absolute(path: str) -> str:
+  """A local path made absolute (against the working directory); URLs (gs://...) unchanged."""
+  if "://" in path:
+    return path
+  return os.path.abspath(os.path.expanduser(path))

@@ -47,6 +47,7 @@ import numpy as np
 
 from prompt_jax import npy
 from prompt_jax import partitioning
+from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError
@@ -178,7 +179,9 @@ def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tup
     if not isinstance(path, str) or not os.path.exists(path):
       raise ConfigError(f"{what}: prompt {name!r} is {path!r}, which does not exist (a .npy "
                         f"prompt file or a trained MODEL_DIR)")
-  return items
+  # Absolute, as the path macros are: orbax restores from absolute paths only (a relative
+  # run directory was reported as a damaged checkpoint).
+  return [(name, paths.absolute(path)) for name, path in items]
 
 
 def _stem(path: str) -> str:

@@ -347,6 +347,22 @@ def test_a_member_run_without_a_checkpoint_says_what_to_do(trained_runs, prompt_
   assert not model_dir.exists()
 
 
+def test_a_relative_member_run_dir_is_read_from_the_working_directory(trained_runs, tmp_path,
+                                                                     monkeypatch):
+  """`ENSEMBLE_PROMPTS=['runA', './runB']` from the directory holding them, as relative .npy
+  members already worked: orbax restores absolute paths only, and a relative run directory was
+  reported as 'no intact checkpoint ... start over with a new MODEL_DIR', exit 1."""
+  prefix, idpg = trained_runs["prefix"], trained_runs["idpg"]
+  assert os.path.dirname(prefix) == os.path.dirname(idpg)  # both under tmp_path_factory's root
+  monkeypatch.chdir(os.path.dirname(prefix))
+  members = [os.path.basename(prefix), "./" + os.path.basename(idpg)]
+  code, _, err = run_cli(["ensemble-eval", f"--gin.MODEL_DIR='{tmp_path / 'ens'}'",
+                          f"--gin.ENSEMBLE_PROMPTS={members!r}"] + COMMON)
+  assert code == 0, err
+  report = json.load(open(tmp_path / "ens" / "ensemble" / f"{TASK}-validation.json"))
+  assert [p["method"] for p in report["prompts"]] == ["DeepPrefix", "IDPG"], report["prompts"]
+
+
 def assert_each_run_equals_its_infer(runs, rows, rows64):
   """Each run's predictions in the ensemble `rows` equal `prompt-jax infer` of the run alone, up
   to float32 near-ties (judged on the float64 ensemble `rows64`)."""
