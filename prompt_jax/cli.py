@@ -42,6 +42,7 @@ line and exits 1; a run preempted by SIGTERM saves a checkpoint, says so and exi
 "When things go wrong"). Every command's last line says where its results are.
 """
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -127,6 +128,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
                       help="number of processes (multi-host)")
   parser.add_argument("--process_index", type=int, default=None,
                       help="index of this process (multi-host)")
+  parser.add_argument("--initialization_timeout", type=float, default=300.0, metavar="SECONDS",
+                      help="how long the processes of a multi-host run wait for each other "
+                           "(default 300, jax.distributed's)")
   parser.add_argument("--verbose", action="store_true",
                       help="show TensorFlow/CUDA/absl log lines and the traceback of errors")
   if command == "infer":
@@ -182,7 +186,7 @@ def split_gin_dot_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
   return rest, bindings
 
 
-def initialize_distributed(args) -> None:
+def initialize_distributed(args, command: str = "train") -> None:
   """jax.distributed.initialize from t5x's multi-host flags (before any other jax use)."""
   if not (args.multiprocess_gpu or args.coordinator_address):
     if args.process_count not in (None, 1):
@@ -198,10 +202,52 @@ def initialize_distributed(args) -> None:
   if not 0 <= args.process_index < args.process_count:
     raise _Error(f"--process_index={args.process_index} must be in [0, --process_count="
                  f"{args.process_count}); number the processes 0 .. process_count - 1")
+  if not args.initialization_timeout > 0:
+    raise _Error(f"--initialization_timeout must be > 0 seconds, got "
+                 f"{args.initialization_timeout:g}")
   if not args.multiprocess_gpu:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=args.coordinator_address,
-                             num_processes=args.process_count, process_id=args.process_index)
+  with _joining(args, command):
+    # jax's own deadline aborts the process from C++ (a fatal log line and a stack trace, after
+    # 5 silent minutes): _joining's comes first.
+    jax.distributed.initialize(coordinator_address=args.coordinator_address,
+                               num_processes=args.process_count, process_id=args.process_index,
+                               initialization_timeout=int(args.initialization_timeout) + 60)
+  if jax.process_count() != args.process_count:  # the coordinator's count wins silently
+    raise _Error(f"--process_count={args.process_count}, but the coordinator at "
+                 f"{args.coordinator_address} runs {jax.process_count()} processes: give every "
+                 f"process the same --process_count")
+
+
+@contextlib.contextmanager
+def _joining(args, command: str):
+  """While the processes join: after 10 s a line saying this one waits; at
+  --initialization_timeout, one error line naming the flags to check, and exit 2 (a process
+  given a wrong --coordinator_address or --process_index, or one never started)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  done = threading.Event()
+  where = (f"process {args.process_index} of {args.process_count} (--coordinator_address="
+           f"{args.coordinator_address})")
+
+  def watch():
+    if done.wait(min(10.0, args.initialization_timeout / 2)):
+      return
+    print(f"prompt-jax {command}: {where}: waiting for the other processes to join (up to "
+          f"{args.initialization_timeout:g} s)", flush=True)
+    if done.wait(args.initialization_timeout - min(10.0, args.initialization_timeout / 2)):
+      return
+    _fail(command, f"{where}: not all {args.process_count} processes joined within "
+                   f"{args.initialization_timeout:g} s: start each --process_index 0.."
+                   f"{args.process_count - 1} once, all with this --coordinator_address and "
+                   f"--process_count (--initialization_timeout=<s> waits longer)")
+    os._exit(EXIT_CONFIG_ERROR)  # the main thread is inside jax's C++ wait
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  try:
+    yield
+  finally:
+    done.set()
 
 
 # ===== gin: layers, paths, required macros =====
@@ -228,7 +274,22 @@ def resolve_paths() -> Optional[str]:
     if absolute(value) != value:
       gin.parse_config(f"{name} = {absolute(value)!r}")
   value = _macro("MODEL_DIR")
-  return value if isinstance(value, str) else None
+  if not isinstance(value, str):
+    return None
+  _check_not_a_file(value)
+  return value
+
+
+def _check_not_a_file(model_dir: str) -> None:
+  """A MODEL_DIR that is (or lies below) a file: one line before any work (eval's results,
+  ensemble-eval's tables failed only once everything was computed, with a traceback line)."""
+  path = model_dir
+  while "://" not in path and not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    what = "it" if path == model_dir else f"{path}, a parent of it,"
+    raise _Error(f"MODEL_DIR {model_dir} cannot be a directory: {what} is a file; choose "
+                 f"another MODEL_DIR or move that file away")
 
 
 def _find_run_config() -> Optional[Tuple[str, str]]:
@@ -443,7 +504,9 @@ def _say(line: str) -> None:
 
 
 def _tensorboard(model_dir: str) -> str:
-  return f"TensorBoard: tensorboard --logdir {model_dir}"
+  """The command to paste, quoted for the shell (a MODEL_DIR with a space or a quote)."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  return f"TensorBoard: tensorboard --logdir {shlex.quote(model_dir)}"
 
 
 def _train(args) -> None:
@@ -559,7 +622,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   args = _parser(command).parse_args(rest)
   if command == "infer" and any(not text.strip() for text in args.input):
     raise _Error("--input is empty (an unset shell variable?): give the text to predict for")
-  initialize_distributed(args)
+  initialize_distributed(args, command)
   if args.tfds_data_dir:
     import seqio  # pylint: disable=g-import-not-at-top
     seqio.set_tfds_data_dir_override(args.tfds_data_dir)

@@ -112,6 +112,14 @@ def test_command_1_screen_is_ours_and_ends_with_where_results_are(journey):
   assert "inference_eval step 300: embedded_last_letter/accuracy 100.0000" in out
 
 
+def test_the_last_lines_tensorboard_command_pastes_into_a_shell():
+  """MODEL_DIR with a space or a quote (a sweep's root): the command was printed unquoted."""
+  import shlex  # pylint: disable=g-import-not-at-top
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  line = cli._tensorboard("/tmp/sw it's/run 1")  # pylint: disable=protected-access
+  assert shlex.split(line.split(": ", 1)[1]) == ["tensorboard", "--logdir", "/tmp/sw it's/run 1"]
+
+
 def test_next_commands_run_literally(journey):
   model_dir, _ = journey
   done = set()

@@ -89,8 +89,10 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
     shardings = trees.flatten(run.trainable_shardings)
     for name, value in current.items():
       if name not in saved or tuple(saved[name].shape) != tuple(value.shape):
+        held = (f"; it holds {name} of shape {tuple(saved[name].shape)}: set the gin values "
+                f"it was trained with (e.g. PROMPT_LENGTH)" if name in saved else "")
         raise ConfigError(f"checkpoint {checkpoint_path!r} has no parameter {name} of shape "
-                          f"{tuple(value.shape)}")
+                          f"{tuple(value.shape)}{held}")
       current[name] = jax.device_put(np.asarray(saved[name]), shardings[name])
     run.trainable = trees.unflatten(current)
     run.deferred, run.deferred_init = (), None

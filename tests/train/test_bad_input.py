@@ -177,6 +177,16 @@ CASES = [
     Case("process_index_out_of_range", lambda c: train(
         c, "--coordinator_address=127.0.0.1:1", "--process_count=2", "--process_index=2"),
          "--process_index=2 must be in [0, --process_count=2)"),
+    # a process that finds no coordinator (or whose others never start) was silent for 300 s,
+    # then aborted from C++ (SIGABRT, a stack trace)
+    Case("process_never_joined", lambda c: train(
+        c, "--coordinator_address=127.0.0.1:1", "--process_count=2", "--process_index=1",
+        "--initialization_timeout=4"), "process 1 of 2 (--coordinator_address=127.0.0.1:1): "
+                                       "not all 2 processes joined within 4 s: start each "
+                                       "--process_index 0..1 once"),
+    Case("initialization_timeout_zero", lambda c: train(
+        c, "--coordinator_address=127.0.0.1:1", "--process_count=2", "--process_index=1",
+        "--initialization_timeout=0"), "--initialization_timeout must be > 0 seconds, got 0"),
     Case("process_count_without_coordinator", lambda c: train(c, "--process_count=2"),
          "--process_count > 1 needs --coordinator_address"),
     Case("data_dir_missing", lambda c: train(c, f"--data_dir={c.path('no_such_dir')}"),
@@ -332,6 +342,11 @@ CASES = [
         "eval", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.model_dir}/checkpoints/7'"],
          "/checkpoints/7/state): name a MODEL_DIR/checkpoints/<step> directory (the steps in "),
+    Case("eval_checkpoint_path_of_another_prompt_length", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", *EVAL_FLAGS, "--gin.PROMPT_LENGTH=4",
+        f"--gin.CHECKPOINT_PATH='{c.previous}/checkpoints/2'"],  # named only the shape wanted
+         "of shape (4, 64); it holds params/encoder/prompt/prompt/prompt of shape (8, 64): set "
+         "the gin values it was trained with (e.g. PROMPT_LENGTH)", model_dir="fresh"),
     Case("describe_model_dir_without_a_run", lambda c: [
         "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
          "holds no trained run (no config.gin): point it at a run's directory, or name a model "
@@ -349,6 +364,15 @@ CASES = [
     # --- MODEL_DIR ---
     Case("model_dir_is_a_file", lambda c: train(c), "is a file", model_dir="file"),
     Case("model_dir_read_only", lambda c: train(c), "is not writable", model_dir="read_only"),
+    # eval's and ensemble-eval's results failed only after all the work, with a traceback line
+    Case("eval_model_dir_is_a_file", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((8, 64), np.float32))}'", *EVAL_FLAGS],
+         "cannot be a directory: it is a file; choose another MODEL_DIR", model_dir="file"),
+    Case("ensemble_eval_model_dir_below_a_file", lambda c: [
+        "ensemble-eval", f"--gin.MODEL_DIR='{c.model_dir}/ens'",
+        f"--gin.ENSEMBLE_PROMPTS=['{_npy(c, 'p.npy', np.zeros((8, 64), np.float32))}']",
+        *EVAL_FLAGS], "/model_dir_is_a_file, a parent of it, is a file", model_dir="file"),
     Case("model_dir_full", lambda c: train(c), "is not writable (", model_dir="fresh",
          python_code=FULL_DISK),
 ]

@@ -106,6 +106,29 @@ def _cli_processes(argv: list, devices_each: int, processes: int = 2) -> list:
   return outputs
 
 
+def test_a_process_count_other_than_the_coordinators_is_refused(tmp_path):
+  """Process 1 told --process_count=3 joined process 0's job of 2 and both trained (the
+  coordinator's count won silently): process 1 refuses in one line; process 0, left alone,
+  stops at its --initialization_timeout instead of waiting for it forever."""
+  port = _free_port()
+  procs = [common.cli_subprocess(
+      ["train"] + common.flags(str(tmp_path / "m"), 2) + [
+          f"--coordinator_address=127.0.0.1:{port}", f"--process_count={count}",
+          f"--process_index={index}", "--initialization_timeout=20"], devices=1, wait=False)
+           for index, count in ((0, 2), (1, 3))]
+  try:
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert procs[1].returncode == 2, outputs[1][-3000:]
+  assert (f"prompt-jax train: error: --process_count=3, but the coordinator at 127.0.0.1:{port} "
+          f"runs 2 processes: give every process the same --process_count") in outputs[1]
+  assert procs[0].returncode != 0, outputs[0][-3000:]
+  assert not (tmp_path / "m" / "checkpoints").exists()
+
+
 def test_two_processes_match_one_process(tmp_path):
   """2 processes x 2 devices = 1 process x 4 devices, bit for bit: the same global batches row
   for row (train/data.py: the layout does not depend on the topology), and the prompt's
