@@ -99,9 +99,21 @@ def _header(sweep: spec_lib.Sweep, target: str, what: str) -> List[str]:
 
 
 def _write(path: str, lines: Sequence[str]) -> str:
+  """Writes the script; one already there that differs (the header invites edits) is kept as
+  `<path>.replaced-<k>` and said so, never silently replaced."""
+  text = "\n".join(lines) + "\n"
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    f.write("\n".join(lines) + "\n")
+    f.write(text)
+  if os.path.isfile(path):
+    with open(path) as f:
+      earlier = f.read()
+    if earlier != text:
+      k = 1
+      while os.path.exists(f"{path}.replaced-{k}"):
+        k += 1
+      os.rename(path, f"{path}.replaced-{k}")
+      print(f"kept the earlier {os.path.basename(path)}, which differs, as {path}.replaced-{k}")
   os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
   os.replace(tmp, path)
   return path

@@ -241,8 +241,12 @@ def rerun_verdict(entry: Dict, job: spec_lib.Job) -> Optional[Tuple[str, str]]:
   return ("refuse", ", ".join(show(k) for k in changed))
 
 
-def _raise_interrupt(*unused):
-  raise KeyboardInterrupt
+class _Terminated(KeyboardInterrupt):
+  """SIGTERM to the runner (a scheduler's preemption): stops it as Ctrl-C does, exit 143."""
+
+
+def _raise_terminated(*unused):
+  raise _Terminated
 
 
 class _Lock:
@@ -281,7 +285,7 @@ def _ignore_sigint() -> None:
 def run(sweep: spec_lib.Sweep, parallel: int = 1, retry_failed: bool = False,
         out: TextIO = sys.stdout, stop_timeout: float = STOP_TIMEOUT) -> int:
   """Runs the sweep's pending jobs, `parallel` at a time; 0 if every job is done, else 1 (130
-  when stopped). `stop_timeout`: seconds a stopped job has to save before it is killed."""
+  when stopped by Ctrl-C, 143 by SIGTERM, as a preempted trainer exits). `stop_timeout`: seconds a stopped job has to save before it is killed."""
   if not sweep.local:
     raise ConfigError(f"sweep run needs a local root, got {sweep.root}: use `prompt-jax sweep "
                       f"emit --target=tpu-vm|slurm` for remote storage")
@@ -346,7 +350,7 @@ class _Runner:
     self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
     self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
     self.durations: List[float] = []
-    self.interrupted = False
+    self.interrupted = 0  # when stopped, its exit code: 130 (Ctrl-C) or 143 (SIGTERM)
 
   def _entry(self, job: spec_lib.Job) -> Dict:
     return self.status["jobs"][job.name]
@@ -432,7 +436,8 @@ class _Runner:
         proc.send_signal(signal.SIGTERM)
       if procs:
         self._print(f"stopping {len(procs)} running job(s): SIGTERM, waiting up to "
-                    f"{self.stop_timeout:g}s for their checkpoints (Ctrl-C again kills them)")
+                    f"{self.stop_timeout:g}s for their checkpoints (a second Ctrl-C or SIGTERM "
+                    f"kills them)")
       for proc in procs:
         try:
           proc.wait(timeout=max(deadline - time.time(), 0.01))
@@ -464,7 +469,7 @@ class _Runner:
                 f"{c[DONE]} done, {c[FAILED]} failed, {len(self.queue)} to run, "
                 f"{self.parallel} at a time; MODEL_DIRs under {self.root}")
     write_status(self.root, self.status)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM: stop as on Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)  # stop as on Ctrl-C
     t0 = time.time()
     try:
       while self.queue or self.running:
@@ -474,8 +479,8 @@ class _Runner:
         for name, (_, proc, _, _, _) in list(self.running.items()):
           if proc.poll() is not None:
             self._finish(name, proc.returncode)
-    except KeyboardInterrupt:
-      self.interrupted = True
+    except KeyboardInterrupt as e:
+      self.interrupted = 143 if isinstance(e, _Terminated) else 130
       self._stop_children()
       self._stopped()
     except BaseException:  # e.g. starting the next job failed: the running ones must not be
@@ -491,7 +496,7 @@ class _Runner:
       self._print(f"sweep {self.sweep.name}: interrupted after {took} "
                   f"({c[DONE]} done, {c[FAILED]} failed, {c[PENDING]} pending); run the same "
                   f"command to resume. {where}")
-      return 130
+      return self.interrupted
     failed = [j.name for j in self.sweep.jobs if self._entry(j)["state"] == FAILED]
     if c[PENDING]:
       self._print(f"{c[PENDING]} job(s) preempted: run the same command to resume them from "

@@ -379,6 +379,9 @@ def _axis(name: str, value: Any) -> Axis:
   if value is None or (isinstance(value, (list, tuple, dict)) and not value):
     raise ConfigError(f"{where} is empty: give it at least one value")
   if isinstance(value, (list, tuple)):  # a binding axis
+    if name == "MODEL_DIR":  # the sweep's own MODEL_DIR replaced its values silently
+      raise ConfigError(f"{where}: MODEL_DIR is set by the sweep (<root>/<job name>); set "
+                        f"`root:` in the spec or --root instead")
     if not is_macro(name) and "." not in name:
       raise ConfigError(f"{where}: a list of values needs a gin macro or parameter as the axis "
                         f"name (e.g. PROMPT_LENGTH: [1, 5]); use `gin_file: [...]` for files")

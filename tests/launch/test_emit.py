@@ -351,3 +351,20 @@ def test_slurm_time_limits_sbatch_accepts(tmp_path):
                                     f"--time={time_limit}", "--platform=cpu",
                                     "--gpus_per_node=0"])
     assert rc == 0, err
+
+
+def test_re_emitting_keeps_a_script_the_user_edited(tmp_path):
+  """The header says 'edit freely': emit again replaced an edited train.sbatch silently. An
+  edited script is kept as <name>.replaced-1 (and said so); unchanged ones are rewritten as
+  they were, with nothing kept."""
+  argv = ("--target=slurm", "--time=01:00:00")
+  _, out, _ = _emit(tmp_path, helpers.TINY_SPEC, *argv)
+  train = os.path.join(out, "train.sbatch")
+  with open(train, "a") as f:
+    f.write("echo my own line\n")
+  edited = open(train).read()
+  _, _, stdout = _emit(tmp_path, helpers.TINY_SPEC, *argv)
+  assert open(train + ".replaced-1").read() == edited
+  assert "echo my own line" not in open(train).read()
+  assert f"kept the earlier train.sbatch, which differs, as {train}.replaced-1" in stdout
+  assert sorted(f for f in os.listdir(out) if "replaced" in f) == ["train.sbatch.replaced-1"]

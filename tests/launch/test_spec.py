@@ -122,6 +122,12 @@ def test_unknown_macro_in_bindings(tmp_path):
   assert "unknown gin macro TRAIN_STEP" in line and "did you mean TRAIN_STEPS?" in line
 
 
+def test_a_model_dir_axis_is_refused_as_a_model_dir_binding_is(tmp_path):
+  """Its values were replaced by the sweep's own <root>/<job name> without a word."""
+  line = _error(tmp_path, BASE + "axes:\n  MODEL_DIR: ['/tmp/a', '/tmp/b']\n", "plan")
+  assert "axis 'MODEL_DIR': MODEL_DIR is set by the sweep (<root>/<job name>); set `root:`" in line
+
+
 def test_axis_macro_unused_by_its_jobs(tmp_path):
   """DPT_RANK is bound by prompts/dpt.gin only: sweeping it without that file changes nothing."""
   line = _error(tmp_path, BASE + "axes:\n  DPT_RANK: [4, 8]\n", "plan")
