@@ -27,21 +27,37 @@ INSTALL_HINT = (
 try:
   import t5x  # pylint: disable=unused-import
   from t5x import models as _t5x_models  # pylint: disable=unused-import
+  _MISSING = None
 except ImportError as e:  # t5x or one of the packages it imports is missing
-  raise ImportError(f"{INSTALL_HINT} ({e})") from None
+  _MISSING = f"{INSTALL_HINT} ({e})"
 
-# The gin configurables prompt_jax's own gin files name (methods, initialisers, the backbone, the
-# shipped checkpoint, `prompt_jax.train.optimizer` in method files): registered on import.
-import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
-import prompt_jax.run_setup  # pylint: disable=g-import-not-at-top,unused-import
-import prompt_jax.train.loop  # pylint: disable=g-import-not-at-top,unused-import
-# t5x imports MIXTURE_OR_TASK_MODULE after parsing gin and refuses a module that registers gin
-# configurables then: prompt_jax's task modules are imported (and register) here, before.
-import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
-import prompt_jax.tasks  # pylint: disable=g-import-not-at-top,unused-import
-from prompt_jax.t5x.models import PromptEncoderDecoderModel  # pylint: disable=g-import-not-at-top
-from prompt_jax.t5x.network import prompt_network  # pylint: disable=g-import-not-at-top
-from prompt_jax.t5x.optim import logical_axis_rules, trainable_traversal  # pylint: disable=g-import-not-at-top
+
+def require_t5x() -> None:
+  """The install hint as an ImportError when t5x cannot be imported. Called by the modules that
+  need t5x (models.py, optim.py); `python -m prompt_jax.t5x gin_dir` needs none of it."""
+  if _MISSING:
+    raise ImportError(_MISSING)
+
+
+if _MISSING:
+  def __getattr__(name):  # `from prompt_jax.t5x import PromptEncoderDecoderModel`: the hint
+    if name in __all__:
+      require_t5x()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["INSTALL_HINT", "PromptEncoderDecoderModel", "prompt_network", "logical_axis_rules",
            "trainable_traversal"]
+
+if not _MISSING:
+  # The gin configurables prompt_jax's own gin files name (methods, initialisers, the backbone,
+  # the shipped checkpoint, `prompt_jax.train.optimizer` in method files): registered on import.
+  import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.run_setup  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.train.loop  # pylint: disable=g-import-not-at-top,unused-import
+  # t5x imports MIXTURE_OR_TASK_MODULE after parsing gin and refuses a module that registers gin
+  # configurables then: prompt_jax's task modules are imported (and register) here, before.
+  import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.tasks  # pylint: disable=g-import-not-at-top,unused-import
+  from prompt_jax.t5x.models import PromptEncoderDecoderModel  # pylint: disable=g-import-not-at-top
+  from prompt_jax.t5x.network import prompt_network  # pylint: disable=g-import-not-at-top
+  from prompt_jax.t5x.optim import logical_axis_rules, trainable_traversal  # pylint: disable=g-import-not-at-top

@@ -15,6 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 from flax.linen import partitioning as flax_partitioning
+
+from prompt_jax.t5x import require_t5x
+
+require_t5x()  # the install hint, not 'No module named t5x'
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from t5x import models
 
 

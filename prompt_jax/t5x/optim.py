@@ -17,6 +17,11 @@ from typing import Optional
 import jax
 from flax import traverse_util
 from flax.serialization import to_state_dict
+
+from prompt_jax.t5x import require_t5x
+
+require_t5x()  # the install hint, not 'No module named t5x'
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from t5x import optimizers as t5x_optimizers
 
 from prompt_jax import partitioning

@@ -1,6 +1,8 @@
 """Acceptance 5: bad inputs under t5x give one clear line each."""
 import re
 
+import pytest
+
 from tests.t5x import common
 
 
@@ -35,9 +37,23 @@ def test_initial_checkpoint_of_another_model_size(tmp_path):
   assert "(260, 64)" in errors[0] and "(260, 128)" in errors[0], errors[0]
 
 
-def test_importing_prompt_jax_t5x_without_t5x_says_how_to_install():
-  proc = common.run_python("import prompt_jax.t5x", with_t5x=False, timeout=300)
+@pytest.mark.parametrize("code", [
+    "import prompt_jax.t5x.models",  # what gin/t5x/models/prompt.gin imports
+    "import prompt_jax.t5x.optim",
+    "from prompt_jax.t5x import PromptEncoderDecoderModel"])
+def test_importing_prompt_jax_t5x_without_t5x_says_how_to_install(code):
+  proc = common.run_python(code, with_t5x=False, timeout=300)
   assert proc.returncode != 0
   last = _lines(proc)[-1]
   assert last.startswith("ImportError: prompt_jax.t5x needs t5x"), proc.stdout[-2000:]
   assert "pip install" in last and "github.com/google-research/t5x" in last
+
+
+def test_gin_dir_needs_no_t5x():
+  """README's first t5x step, `python -m prompt_jax.t5x gin_dir`, printed the install hint's
+  traceback where t5x was not importable yet: it needs nothing of t5x."""
+  proc = common.run_python("import runpy, sys; sys.argv = ['prompt_jax.t5x', 'gin_dir']; "
+                           "runpy.run_module('prompt_jax.t5x', run_name='__main__')",
+                           with_t5x=False, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-2000:]
+  assert proc.stdout.strip() == str(common.GIN_DIR)

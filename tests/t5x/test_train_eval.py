@@ -125,9 +125,10 @@ def test_frozen_arrays_bitwise_and_only_the_prompt_has_optimizer_state(t5x_run):
   del get_config
 
 
-def _t5x_eval_accuracy(tmp_path, checkpoint, *extra):
+def _t5x_eval_accuracy(tmp_path, checkpoint, *extra, method_files=()):
+  """`method_files` go between the model's file and the run's, as README's t5x.eval does."""
   out = str(tmp_path / "t5x_eval")
-  common.run_t5x("eval", ["--gin_file=t5x/models/embedded_tiny_prompt.gin",
+  common.run_t5x("eval", ["--gin_file=t5x/models/embedded_tiny_prompt.gin", *method_files,
                           "--gin_file=t5x/runs/prompt_eval.gin", *EMBEDDED_FLAGS, *extra,
                           f"--gin.CHECKPOINT_PATH='{checkpoint}'",
                           f"--gin.EVAL_OUTPUT_DIR='{out}'"])
@@ -204,7 +205,10 @@ def test_prompt_jax_prompt_evaluated_by_t5x_eval(tmp_path):
   from prompt_jax import embedded  # pylint: disable=g-import-not-at-top
   t5x_acc = _t5x_eval_accuracy(
       tmp_path, os.path.join(embedded.CHECKPOINT_DIR, f"checkpoint_{common.EMBEDDED_STEP}"),
-      "--gin_file=t5x/prompts/from_file.gin", f"--gin.PROMPT_FILE='{prompt_file}'")
+      f"--gin.PROMPT_FILE='{prompt_file}'",
+      # before the run file, as README's t5x.eval: the run file's FALLBACK_INIT_RNG = None came
+      # after from_file.gin's 0 ("An init_rng must be provided with fallback_to_scratch")
+      method_files=["--gin_file=t5x/prompts/from_file.gin"])
   assert 25 < ours < 100
   # t5x decodes greedily, prompt-jax rank-classifies: equal but for float32 near-ties.
   prompt = np.load(prompt_file)
