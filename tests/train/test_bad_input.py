@@ -345,7 +345,7 @@ CASES = [
     Case("eval_checkpoint_path_of_another_prompt_length", lambda c: [
         "eval", f"--gin.MODEL_DIR='{c.model_dir}'", *EVAL_FLAGS, "--gin.PROMPT_LENGTH=4",
         f"--gin.CHECKPOINT_PATH='{c.previous}/checkpoints/2'"],  # named only the shape wanted
-         "of shape (4, 64); it holds params/encoder/prompt/prompt/prompt of shape (8, 64): set "
+         "of shape (4, 64); it holds encoder/prompt/prompt/prompt of shape (8, 64): set "
          "the gin values it was trained with (e.g. PROMPT_LENGTH)", model_dir="fresh"),
     Case("describe_model_dir_without_a_run", lambda c: [
         "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
