@@ -88,11 +88,20 @@ def _run_processes(model_dir: str, steps: int, devices_each: int, *extra: str,
 
 def _cli_processes(argv: list, devices_each: int, processes: int = 2) -> list:
   """`prompt-jax <argv>` as `processes` processes of one job; returns their outputs."""
+  codes, outputs, _ = _started_together(argv, devices_each, [processes] * processes)
+  for code, out in zip(codes, outputs):
+    assert code == 0, out[-3000:]
+  return outputs
+
+
+def _started_together(argv: list, devices_each: int, counts: list, *extra: str):
+  """`prompt-jax <argv>` as processes 0, 1, ... on one coordinator, process i told
+  --process_count=counts[i]; (their exit codes, their outputs, the port)."""
   port = _free_port()
   procs = [common.cli_subprocess(
-      argv + [f"--coordinator_address=127.0.0.1:{port}", f"--process_count={processes}",
-              f"--process_index={i}"], devices=devices_each, wait=False)
-           for i in range(processes)]
+      argv + [f"--coordinator_address=127.0.0.1:{port}", f"--process_count={count}",
+              f"--process_index={i}", *extra], devices=devices_each, wait=False)
+           for i, count in enumerate(counts)]
   outputs = []
   try:
     for p in procs:
@@ -101,31 +110,19 @@ def _cli_processes(argv: list, devices_each: int, processes: int = 2) -> list:
     for p in procs:
       if p.poll() is None:
         p.kill()
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
-  return outputs
+  return [p.returncode for p in procs], outputs, port
 
 
 def test_a_process_count_other_than_the_coordinators_is_refused(tmp_path):
   """Process 1 told --process_count=3 joined process 0's job of 2 and both trained (the
   coordinator's count won silently): process 1 refuses in one line; process 0, left alone,
-  stops at its --initialization_timeout instead of waiting for it forever."""
-  port = _free_port()
-  procs = [common.cli_subprocess(
-      ["train"] + common.flags(str(tmp_path / "m"), 2) + [
-          f"--coordinator_address=127.0.0.1:{port}", f"--process_count={count}",
-          f"--process_index={index}", "--initialization_timeout=20"], devices=1, wait=False)
-           for index, count in ((0, 2), (1, 3))]
-  try:
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  assert procs[1].returncode == 2, outputs[1][-3000:]
+  fails at its first collective instead of training."""
+  codes, outputs, port = _started_together(["train"] + common.flags(str(tmp_path / "m"), 2), 1,
+                                           [2, 3], "--initialization_timeout=20")
+  assert codes[1] == 2, outputs[1][-3000:]
   assert (f"prompt-jax train: error: --process_count=3, but the coordinator at 127.0.0.1:{port} "
           f"runs 2 processes: give every process the same --process_count") in outputs[1]
-  assert procs[0].returncode != 0, outputs[0][-3000:]
+  assert codes[0] != 0, outputs[0][-3000:]
   assert not (tmp_path / "m" / "checkpoints").exists()
 
 
