@@ -229,12 +229,14 @@ def _joining(args, command: str):
   where = (f"process {args.process_index} of {args.process_count} (--coordinator_address="
            f"{args.coordinator_address})")
 
+  quiet = min(10.0, args.initialization_timeout / 2)  # a prompt join says nothing
+
   def watch():
-    if done.wait(min(10.0, args.initialization_timeout / 2)):
+    if done.wait(quiet):
       return
     print(f"prompt-jax {command}: {where}: waiting for the other processes to join (up to "
           f"{args.initialization_timeout:g} s)", flush=True)
-    if done.wait(args.initialization_timeout - min(10.0, args.initialization_timeout / 2)):
+    if done.wait(args.initialization_timeout - quiet):
       return
     _fail(command, f"{where}: not all {args.process_count} processes joined within "
                    f"{args.initialization_timeout:g} s: start each --process_index 0.."

@@ -285,7 +285,8 @@ def _ignore_sigint() -> None:
 def run(sweep: spec_lib.Sweep, parallel: int = 1, retry_failed: bool = False,
         out: TextIO = sys.stdout, stop_timeout: float = STOP_TIMEOUT) -> int:
   """Runs the sweep's pending jobs, `parallel` at a time; 0 if every job is done, else 1 (130
-  when stopped by Ctrl-C, 143 by SIGTERM, as a preempted trainer exits). `stop_timeout`: seconds a stopped job has to save before it is killed."""
+  when stopped by Ctrl-C, 143 by SIGTERM, as a preempted trainer exits). `stop_timeout`:
+  seconds a stopped job has to save before it is killed."""
   if not sweep.local:
     raise ConfigError(f"sweep run needs a local root, got {sweep.root}: use `prompt-jax sweep "
                       f"emit --target=tpu-vm|slurm` for remote storage")
