@@ -39,16 +39,15 @@ def require_t5x() -> None:
     raise ImportError(_MISSING)
 
 
+__all__ = ["INSTALL_HINT", "PromptEncoderDecoderModel", "prompt_network", "logical_axis_rules",
+           "trainable_traversal"]
+
 if _MISSING:
   def __getattr__(name):  # `from prompt_jax.t5x import PromptEncoderDecoderModel`: the hint
     if name in __all__:
       require_t5x()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["INSTALL_HINT", "PromptEncoderDecoderModel", "prompt_network", "logical_axis_rules",
-           "trainable_traversal"]
-
-if not _MISSING:
+else:
   # The gin configurables prompt_jax's own gin files name (methods, initialisers, the backbone,
   # the shipped checkpoint, `prompt_jax.train.optimizer` in method files): registered on import.
   import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
