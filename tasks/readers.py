@@ -29,6 +29,23 @@ def _fail(path, line: int, message: str) -> DataFormatError:
       f"{path}:{line}: {message}; fix that line or replace the file with the official release.")
 
 
+def unreadable(path, error: Exception) -> DataFormatError:
+  """The DataFormatError for a file a reader could not decode: a byte that is not UTF-8 (named
+  by its line), or a compressed file cut short (an interrupted download)."""
+  if isinstance(error, UnicodeDecodeError):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+      for line_number, raw in enumerate(f, start=1):
+        try:
+          raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          return _fail(path, line_number, f"byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
+                                          f"not UTF-8 text (save the file as UTF-8)")
+    return _fail(path, 1, f"not UTF-8 text ({error.reason}); save the file as UTF-8")
+  return DataFormatError(f"{path}: the compressed file is cut short or damaged ({error}); "
+                         f"download it again (an interrupted download?)")
+
+
 def label_index(value: Any, label_names: Sequence[str], path, line: int) -> int:
   """Index of `value` in `label_names`; bools map to 'False'/'True' like TFDS."""
   if isinstance(value, bool):
@@ -61,7 +78,7 @@ def iter_jsonl(path) -> Iterator[Tuple[int, Example]]:
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise _fail(path, line_number, f"malformed JSON ({e.msg} at column {e.colno})") from None
+        raise _fail(path, line_number, f"malformed JSON ({e.msg}, column {e.colno})") from None
       if not isinstance(record, dict):
         raise _fail(path, line_number, f"expected a JSON object, got {type(record).__name__}")
       yield line_number, record

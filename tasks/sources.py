@@ -19,14 +19,18 @@ The source is chosen each time a dataset is built, so the setting may change aft
 registered (as the CLI does after parsing flags).
 """
 import dataclasses
+import gzip
 import os
 import pathlib
 import threading
+import zlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import gin
 import seqio
 import tensorflow as tf
+
+from prompt_jax.tasks import readers
 
 DATA_DIR_ENV = "PROMPT_JAX_DATA_DIR"
 _DATA_DIR_HELP = ("--data_dir, gin `prompt_jax.tasks.local_data_dir.path = %DATA_DIR` or "
@@ -102,7 +106,10 @@ def _read_cached(path: pathlib.Path, read: Callable) -> List[Dict[str, Any]]:
   key = (str(path), path.stat().st_mtime, id(read))
   with _cache_lock:
     if key not in _parsed_cache:
-      _parsed_cache[key] = read(path)
+      try:
+        _parsed_cache[key] = read(path)
+      except (UnicodeDecodeError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise readers.unreadable(path, e) from None
     return _parsed_cache[key]
 
 

@@ -55,6 +55,35 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, write_file):
     text_examples("super_glue_rte_v102")
 
 
+def test_a_byte_that_is_not_utf8_names_file_and_line(tmp_path, write_file):
+  """A latin-1 'é' was `'utf-8' codec can't decode byte 0xe9 ...` with no file or line (and a
+  UnicodeDecodeError, exit 1, under train)."""
+  path = write_file(tmp_path / "glue/SST-2/dev.tsv", "sentence\tlabel\ngood .\t1\n")
+  with open(path, "ab") as f:
+    f.write("caf\u00e9 .\t0\n".encode("latin-1"))
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError,
+                     match=f"^{path}:3: byte 0xe9 at column 4 is not UTF-8 text \\(save the file "
+                           f"as UTF-8\\)"):
+    text_examples("glue_sst2_v002")
+
+
+def test_a_cut_short_gzip_file_says_to_download_it_again(tmp_path):
+  """An interrupted download of an MRQA .jsonl.gz: `EOFError: Compressed file ended before the
+  end-of-stream marker was reached`, exit 1, naming no file."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "mrqa" / "dev" / "SQuAD.jsonl.gz"
+  path.parent.mkdir(parents=True)
+  whole = gzip.compress(b'{"header": {"dataset": "SQuAD"}}\n' + json.dumps(
+      {"context": "c " * 500, "qas": []}).encode() + b"\n")
+  path.write_bytes(whole[:len(whole) // 2])
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError,
+                     match=f"^{path}: the compressed file is cut short or damaged .*; download "
+                           f"it again"):
+    text_examples("mrqa_squad_v001")
+
+
 def test_missing_field_names_file_and_line(tmp_path, write_file):
   line = dict(RTE_LINE)
   del line["hypothesis"]
