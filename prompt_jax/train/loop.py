@@ -390,7 +390,12 @@ def train(*, model_dir: str = gin.REQUIRED,
       if watch.requested(done):
         _stop_preempted(watch, save, done, saved=saving, model_dir=model_dir, mngr=mngr)
       if eval_period and (done % eval_period == 0 or last):
-        final_metrics = evaluate(done)
+        try:
+          final_metrics = evaluate(done)
+        except Exception:  # pylint: disable=broad-except  (a damaged eval file, a full disk)
+          if not saving:  # the steps since the last checkpoint are not lost with the run
+            _save_before_failing(save, done, model_dir, mngr)
+          raise
         if final_metrics:  # and evaluations (which waited for the steps so far)
           progress.start(done)
         if not last and watch.requested(done):  # SIGTERM during the evaluation: stop now
@@ -512,6 +517,18 @@ def _raise_write_failure(model_dir: str, step: int, e: Exception) -> None:
       f"cannot write checkpoint {step} to {model_dir} ({checkpointing.reason(e)}); "
       + (f"{last} is intact" if last else "no checkpoint was written")
       + ": free space or fix permissions, then run the same command to resume") from e
+
+
+def _save_before_failing(save: Callable[[int], None], step: int, model_dir: str, mngr) -> None:
+  """The evaluation of `step` failed: saves its checkpoint first (a validation file damaged at
+  line 41 lost every step since the last checkpoint), then the caller re-raises the error."""
+  try:
+    save(step)
+    mngr.wait_until_finished()
+  except Exception:  # pylint: disable=broad-except  (the evaluation's error is the one to show)
+    return
+  summaries.log("the evaluation of step %d failed: saved %s first; once fixed, run the same "
+                "command to continue from it", step, checkpointing.step_dir(model_dir, step))
 
 
 def _stop_preempted(watch: guards.PreemptionWatch, save: Callable[[int], None], step: int, *,

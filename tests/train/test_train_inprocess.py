@@ -98,6 +98,37 @@ def test_kill_and_restart_resumes_bitwise(tmp_path, monkeypatch):
   assert common.prompt_at(full, 5).tobytes() == common.prompt_at(resumed, 5).tobytes()
 
 
+def test_a_failed_evaluation_saves_the_steps_trained_before_it(tmp_path, monkeypatch):
+  """An evaluation between checkpoints that fails (a validation file damaged at line 41, found
+  only when first read) lost every step since the last checkpoint: the step is saved first,
+  and the same command, once the data is fixed, continues from it."""
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  real = loop.teacher_forced_eval
+
+  def damaged(*unused_args, **unused_kwargs):
+    raise ConfigError("val.jsonl:41: malformed JSON (Unterminated string, column 51)")
+
+  monkeypatch.setattr(loop, "teacher_forced_eval", damaged)
+  model_dir = str(tmp_path / "m")
+  argv = ["train"] + common.flags(model_dir, 4, "--gin.EVAL_PERIOD=2",
+                                  "--gin.CHECKPOINT_PERIOD=4",
+                                  "--gin.prompt_jax.train.eval_before_training=False")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    code, err = run_cli(argv)
+  assert code == 2 and "val.jsonl:41: malformed JSON" in err, err
+  assert os.listdir(os.path.join(model_dir, "checkpoints")) == ["2"]
+  assert (f"the evaluation of step 2 failed: saved {model_dir}/checkpoints/2 first; once "
+          f"fixed, run the same command to continue from it") in out.getvalue()
+  monkeypatch.setattr(loop, "teacher_forced_eval", real)
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert run_cli(argv)[0] == 0
+  assert "restored step 2" in out.getvalue()
+  assert "training_eval step 2: " in out.getvalue()  # the failed evaluation is done now
+
+
 def _assert_error(argv, model_dir, expected):
   before = sorted(os.walk(model_dir)) if os.path.exists(model_dir) else None
   mtimes = ({os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
