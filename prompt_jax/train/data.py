@@ -305,9 +305,9 @@ def length_buckets(num_buckets: int = 0, multiple: int = 8) -> Tuple[int, int]:
   the model after the cut, wherever its placement puts them, so losses and metrics are those of
   the padded batch (tests/train/test_bucketing.py). With dropout > 0 the dropout draws depend
   on the shape: equal in distribution, not in value."""
-  if num_buckets < 0 or multiple < 1:
-    raise ConfigError(f"length_buckets: num_buckets must be >= 0 and multiple >= 1, got "
-                      f"{num_buckets}, {multiple}")
+  # 2.5 or '4' was a TypeError from inside the pipeline, exit 1
+  check_integer(num_buckets, "prompt_jax.length_buckets.num_buckets", 0, " (0: off)")
+  check_integer(multiple, "prompt_jax.length_buckets.multiple", 1)
   return num_buckets, multiple
 
 
@@ -329,8 +329,7 @@ def group_by_length(batches: int = 0) -> int:
   still does not depend on the process layout and the iterator state in each checkpoint
   resumes it bitwise. Needs `length_buckets`: without it every batch is padded to
   TASK_FEATURE_LENGTHS and grouping would only change the order."""
-  if batches < 0:
-    raise ConfigError(f"group_by_length: batches must be >= 0, got {batches}")
+  check_integer(batches, "prompt_jax.group_by_length.batches", 0, " (0: off)")
   return batches
 
 

@@ -8,6 +8,8 @@ float32 rounding (XLA blocks matmuls of other shapes differently). The bound is 
 (tests/numerics.py): the bucketed float32 step must be within 8x the padded float32 step's own
 distance to the padded step run in float64.
 """
+import re
+
 import gin
 import jax
 import jax.numpy as jnp
@@ -113,3 +115,13 @@ def test_bucketing_is_off_by_default():
                                module="prompt_jax.embedded.task")
   gin.clear_config()
   assert data_lib.TrainStream(cfg, 1, (0, 8)).buckets is None
+
+
+@pytest.mark.parametrize("value,message", [
+    (2.5, "num_buckets must be an integer, got 2.5"),  # a TypeError inside the pipeline, exit 1
+    ("4", "num_buckets must be an integer, got '4'"),
+    (-1, "num_buckets must be >= 0 (0: off), got -1")])
+def test_a_bucket_count_that_is_not_a_count_is_one_line(value, message):
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match=f"^prompt_jax.length_buckets.{re.escape(message)}\\n"):
+    _stream(value)
