@@ -88,6 +88,7 @@ EXIT_CONFIG_ERROR = 2
 EXIT_FAILURE = 1  # a run that cannot go on, or an unexpected error
 EXIT_PREEMPTED = 128 + 15  # what a shell reports for a process ended by SIGTERM
 EXIT_INTERRUPTED = 128 + 2  # ... by SIGINT (Ctrl-C)
+EXIT_BROKEN_PIPE = 128 + 13  # ... by SIGPIPE (its reader, e.g. `| head`, left)
 
 
 class _Error(Exception):
@@ -676,6 +677,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"prompt-jax{' ' + command if command else ''}: interrupted", file=sys.stderr,
           flush=True)
     return EXIT_INTERRUPTED
+  except BrokenPipeError:  # `prompt-jax tasks | head -1`: the reader left; end quietly, as
+    _silence_stdout()      # a command killed by SIGPIPE (it was an error line, exit 1)
+    return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+  """stdout to /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
 
 
 def _main(argv: List[str]) -> int:
@@ -700,6 +710,8 @@ def _main(argv: List[str]) -> int:
       if command in _OWN_COMMANDS:  # commands with their own flags (no gin run configuration)
         return _OWN_COMMANDS[command]([a for a in rest if a != "--verbose"], verbose)
       return _gin_command(command, rest)
+    except BrokenPipeError:
+      raise  # main's: no error line for a reader that left
     except Exception as e:  # pylint: disable=broad-except
       return _error(command, e, verbose)
 

@@ -136,3 +136,20 @@ def test_a_failing_pipeline_is_not_bad_input(capsys):
   finally:
     seqio.TaskRegistry.remove(name)
   assert capsys.readouterr().err.startswith("prompt-jax tasks: error: ")
+
+
+def test_a_reader_that_leaves_ends_it_quietly():
+  """`prompt-jax tasks ... | head -1`: the write after head left was `error: BrokenPipeError`,
+  exit 1; now nothing is said and the exit is a SIGPIPE death's (141), as for other commands."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "prompt_jax", "tasks", "embedded_last_letter", "-n", "100000",
+       "--split=train"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"))
+  first = proc.stdout.readline()  # the first line, then the reader leaves (200 KB follow)
+  proc.stdout.close()
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 141 and first, err
+  assert "BrokenPipe" not in err and "prompt-jax" not in err, err
