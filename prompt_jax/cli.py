@@ -814,6 +814,13 @@ def _bad_input_message(e: Exception) -> Optional[str]:
     return str(e)
   if isinstance(e, (ConfigError, checkpoints.CheckpointError)):
     return str(e).splitlines()[0] if str(e) else type(e).__name__
+  try:
+    from prompt_jax.tasks import DataFormatError  # pylint: disable=g-import-not-at-top
+  except ImportError:  # no TensorFlow (bench, plan): no task read any data
+    DataFormatError = ConfigError  # pylint: disable=invalid-name
+  for cause in errors.causes(e):  # e.g. an unlabelled split's targets, inside seqio's error
+    if isinstance(cause, DataFormatError):
+      return str(cause).splitlines()[0]
   if isinstance(e, RuntimeError) and "Required bindings" in str(e):
     hint = (" (add a model file, e.g. --gin_file=models/t5_1_1_base.gin)"
             if "t5_config" in str(e) else "")

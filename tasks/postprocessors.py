@@ -7,6 +7,8 @@ is an error, since it would silently corrupt the score.
 """
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from prompt_jax.tasks import readers
+
 SENTINEL_0 = "<extra_id_0>"
 
 # The determiners T5 ignores when matching a WSC referent.
@@ -32,8 +34,8 @@ def string_label_to_class_id(string_label: Any, label_classes: Sequence[str],
   label = _text(string_label)
   if label in label_classes:
     return list(label_classes).index(label)
-  if is_target:
-    raise ValueError(
+  if is_target:  # a DataFormatError: the CLI's one line, exit 2 (through seqio's ValueError)
+    raise readers.DataFormatError(
         f"target {label!r} is not in the label set {list(label_classes)}; the evaluation split "
         f"has no (or wrong) labels: evaluate on a labeled split such as 'validation'.")
   return default

@@ -113,8 +113,28 @@ def test_label_outside_label_set_in_tsv(tmp_path, write_file):
 def test_target_outside_label_set_is_not_scored_silently():
   task = tasks.get_task("super_glue_rte_v102")
   assert task.postprocess_fn("maybe", example={}, is_target=False) == -1
-  with pytest.raises(ValueError, match="target '<unk>' is not in the label set"):
+  with pytest.raises(tasks.DataFormatError, match="target '<unk>' is not in the label set"):
     task.postprocess_fn("<unk>", example={}, is_target=True)
+
+
+def test_an_unlabelled_split_is_the_clis_one_line_and_exit_2(capsys):
+  """`prompt-jax eval --gin.EVAL_SPLIT="'test'"` (SuperGLUE's test labels are -1): seqio wraps the
+  postprocessor's error in 'ValueError: Failed to evaluate task ...', which was exit 1 with the
+  exception's class name."""
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task("super_glue_rte_v102")
+  try:
+    try:
+      task.postprocess_fn("<unk>", example={}, is_target=True)
+    except ValueError as e:  # as seqio.Evaluator.evaluate raises it
+      raise ValueError(f"Failed to evaluate task {task.name}: {e}") from e
+  except ValueError as seqio_error:
+    assert cli._error("eval", seqio_error, verbose=False) == 2  # pylint: disable=protected-access
+  err = capsys.readouterr().err
+  assert err.startswith("prompt-jax eval: error: target '<unk>' is not in the label set "
+                        "['entailment', 'not_entailment']; the evaluation split has no (or "
+                        "wrong) labels: evaluate on a labeled split such as 'validation'"), err
+  assert len(err.splitlines()) == 1 and "ValueError" not in err
 
 
 def test_unknown_split(data_root):
