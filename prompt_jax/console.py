@@ -144,6 +144,14 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
     absl_logging.set_verbosity(absl_logging.ERROR)
   except ImportError:
     absl_logging = None
+  # Our own warnings (logging.warning: a random backbone, a checkpoint moved aside) as our
+  # lines, "warning: ...", not Python's default "WARNING:root:...".
+  ours = None
+  if not logging.getLogger().handlers:
+    ours = logging.StreamHandler(sys.stderr)
+    ours.setLevel(logging.WARNING)
+    ours.setFormatter(logging.Formatter("warning: %(message)s"))
+    logging.getLogger().addHandler(ours)
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", module=_NOISY_MODULES)
     for name in _NOISY_LOGGERS:
@@ -158,6 +166,8 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
           import_tensorflow()
       yield
     finally:
+      if ours is not None:
+        logging.getLogger().removeHandler(ours)
       for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
       if absl_logging is not None and absl_verbosity is not None:

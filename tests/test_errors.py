@@ -70,3 +70,22 @@ def test_a_mistyped_flag_through_the_cli(capsys):
   assert err.strip().splitlines() == [
       "prompt-jax export: error: unrecognized arguments: --fromat=peft; did you mean --format? "
       "(prompt-jax export --help lists the flags)"]
+
+
+def test_our_warnings_are_our_lines_and_the_handler_goes_with_the_command(capsys):
+  """logging.warning of ours (a random backbone, a checkpoint moved aside) showed as Python's
+  default 'WARNING:root:...'; an in-process caller keeps its own logging set-up afterwards."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from prompt_jax import console  # pylint: disable=g-import-not-at-top
+  root = logging.getLogger()
+  before = list(root.handlers)
+  root.handlers[:] = []  # as `prompt-jax` starts: nothing configured logging yet
+  try:
+    with console.quiet(tensorflow=False):
+      logging.warning("INITIAL_CHECKPOINT_PATH is empty: the backbone is randomly initialised")
+      logging.info("not shown")
+    assert root.handlers == []
+  finally:
+    root.handlers[:] = before
+  assert capsys.readouterr().err == ("warning: INITIAL_CHECKPOINT_PATH is empty: the backbone is "
+                                     "randomly initialised\n")
