@@ -243,9 +243,12 @@ def encode_inputs(texts: Sequence[str], vocabulary, length: int) -> np.ndarray:
   out = np.zeros((len(texts), length), np.int32)
   for i, text in enumerate(texts):
     ids = list(vocabulary.encode(text)) + [1]  # + EOS
-    if len(ids) > length:
-      raise ConfigError(f"--input {text!r} is {len(ids)} tokens with EOS, longer than the "
-                        f"inputs feature length {length} (TASK_FEATURE_LENGTHS)")
+    if len(ids) > length:  # (the whole text was in the line, however long)
+      shown = repr(text) if len(text) <= 60 else repr(text[:57] + "...")
+      raise ConfigError(f"--input {shown} is {len(ids)} tokens with EOS, longer than the inputs "
+                        f"feature length {length}: shorten it, or raise TASK_FEATURE_LENGTHS' "
+                        f"'inputs' to at least {len(ids)} (--gin.TASK_FEATURE_LENGTHS=\"{{'inputs'"
+                        f": {len(ids)}, 'targets': ...}}\")")
     out[i, :len(ids)] = ids
   return out
 

@@ -55,3 +55,24 @@ def test_infer_on_a_plain_mixture_predicts_every_row_as_its_task_alone(tmp_path)
     assert [(r["inputs"], r["targets"], r["prediction"]) for r in mine] == [
         (r["inputs"], r["targets"], r["prediction"]) for r in alone], name
     assert {r["prediction"] for r in mine} <= set(embedded_task.LETTERS), name
+
+
+def test_an_input_longer_than_the_feature_length_says_how_to_fit_it():
+  """The line held the whole text, however long, and named TASK_FEATURE_LENGTHS without saying
+  what to set."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  class Characters:  # a token per character code
+    def encode(self, text):
+      return [ord(c) for c in text]
+
+  vocabulary = Characters()
+  assert run_lib.encode_inputs(["ab"], vocabulary, 4).tolist() == [[97, 98, 1, 0]]
+  with pytest.raises(ConfigError) as error:
+    run_lib.encode_inputs(["x" * 500], vocabulary, 16)
+  assert str(error.value) == (
+      f"--input {'x' * 57 + '...'!r} is 501 tokens with EOS, longer than the inputs feature "
+      f"length 16: shorten it, or raise TASK_FEATURE_LENGTHS' 'inputs' to at least 501 "
+      f"(--gin.TASK_FEATURE_LENGTHS=\"{{'inputs': 501, 'targets': ...}}\")")
