@@ -130,8 +130,11 @@ def evaluate(*, model_dir: Optional[str] = None,
     out = os.path.join(model_dir, EVAL_DIR, result_stem(
         dataset_cfg.mixture_or_task_name, dataset_cfg.split,
         result_label(source, prompt_file)) + ".json")
+    # "decoding": of the tasks without a label set (those with one are rank-classified), so
+    # that a beam result and a greedy one of the same checkpoint tell themselves apart
     _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
                                  "prompt_file": prompt_file, "split": dataset_cfg.split,
+                                 "decoding": dataclasses.asdict(decoding_cfg),
                                  "metrics": metrics}, indent=1, sort_keys=True) + "\n")
   return EvalResult(metrics=metrics, metrics_file=out, step=source.step)
 

@@ -256,6 +256,7 @@ def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, 
   record, out = evaluated()
   assert record["checkpoint"] == os.path.join(model_dir, "checkpoints", "2"), record
   assert record["step"] == 2 and record["prompt_file"] is None, record
+  assert record["decoding"] == {"method": "greedy", "beam_size": 4, "alpha": 0.6}, record
   assert "uses the run's trained checkpoint" in out
   record, _ = evaluated(f"--gin.PROMPT_FILE='{start}'")
   assert record["prompt_file"] == start and record["checkpoint"] is None, record
