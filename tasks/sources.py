@@ -204,7 +204,9 @@ class LocalOrTfdsSource(seqio.DataSource):
     root = pathlib.Path(data_dir)
     if not root.is_dir():
       raise FileNotFoundError(
-          f"data dir {root} (from {origin}) does not exist; point it at a folder laid out like "
+          f"data dir {root} (from {origin}) "
+          f"{'is a file, not a folder' if root.exists() else 'does not exist'}; point it at a "
+          f"folder laid out like "
           f"../shared/data (super_glue/, glue/, mrqa/, ...) or unset it to read TFDS.")
     folder = root / self.local.folder
     tfds_hint = f", or unset the data dir to read TFDS {self.tfds_name}" if self._tfds else ""

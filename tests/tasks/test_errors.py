@@ -30,6 +30,14 @@ def test_missing_data_dir_names_it(tmp_path):
     text_examples("super_glue_rte_v102")
 
 
+def test_a_data_dir_that_is_a_file_is_not_called_missing(tmp_path):
+  a_file = tmp_path / "data.zip"
+  a_file.write_bytes(b"PK")
+  tasks.set_data_dir(a_file)
+  with pytest.raises(FileNotFoundError, match=f"data dir {a_file} .* is a file, not a folder; "):
+    text_examples("super_glue_rte_v102")
+
+
 def test_missing_task_folder_says_how_to_fill_it(tmp_path, monkeypatch):
   monkeypatch.setenv(tasks.DATA_DIR_ENV, str(tmp_path))
   with pytest.raises(FileNotFoundError) as error:
