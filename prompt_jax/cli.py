@@ -51,6 +51,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from prompt_jax import errors
 from prompt_jax.errors import ConfigError
+from prompt_jax import paths
 from prompt_jax.paths import absolute
 
 COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "describe", "tasks",
@@ -286,13 +287,9 @@ def resolve_paths() -> Optional[str]:
 def _check_not_a_file(model_dir: str) -> None:
   """A MODEL_DIR that is (or lies below) a file: one line before any work (eval's results,
   ensemble-eval's tables failed only once everything was computed, with a traceback line)."""
-  path = model_dir
-  while "://" not in path and not os.path.exists(path) and os.path.dirname(path) != path:
-    path = os.path.dirname(path)
-  if os.path.exists(path) and not os.path.isdir(path):
-    what = "it" if path == model_dir else f"{path}, a parent of it,"
-    raise _Error(f"MODEL_DIR {model_dir} cannot be a directory: {what} is a file; choose "
-                 f"another MODEL_DIR or move that file away")
+  message = paths.not_a_directory_message(model_dir)
+  if message:
+    raise _Error(message)
 
 
 def _find_run_config() -> Optional[Tuple[str, str]]:

@@ -1,5 +1,5 @@
-"""Where the packaged resources (gin files) live, for wheel and editable installs alike, and a
-user's path made absolute."""
+"""Where the packaged resources (gin files) live, for wheel and editable installs alike, a
+user's path made absolute, an earlier file or run kept aside, and the file that keeps a path from being a directory."""
 import os
 import pathlib
 
@@ -26,3 +26,37 @@ def absolute(path: str) -> str:
   if "://" in path:
     return path
   return os.path.abspath(os.path.expanduser(path))
+
+
+def nearest_existing(path: str) -> str:
+  """`path` itself if it exists, else its nearest existing ancestor (a local path)."""
+  while not os.path.exists(path):
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  return path
+
+
+def not_a_directory_message(model_dir: str) -> str:
+  """'' when MODEL_DIR is (or can be created as) a directory; else one line naming the file in
+  its way, MODEL_DIR itself or a parent. URLs (gs://...) are not checked."""
+  if "://" in model_dir:
+    return ""
+  path = os.path.abspath(model_dir)
+  existing = nearest_existing(path)
+  if not os.path.exists(existing) or os.path.isdir(existing):
+    return ""
+  what = "it" if existing == path else f"{existing}, a parent of it,"
+  return (f"MODEL_DIR {model_dir} cannot be a directory: {what} is a file; choose another "
+          f"MODEL_DIR or move that file away")
+
+
+def keep_aside(path: str) -> str:
+  """Renames `path` (a file or a directory) to the first free `<path>.replaced-<k>`, k = 1, 2,
+  ..., so nothing a user wrote or trained is replaced; returns the new path."""
+  k = 1
+  while os.path.exists(f"{path}.replaced-{k}"):
+    k += 1
+  os.rename(path, f"{path}.replaced-{k}")
+  return f"{path}.replaced-{k}"

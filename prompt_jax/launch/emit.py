@@ -29,6 +29,7 @@ import shlex
 import stat
 from typing import List, Optional, Sequence
 
+from prompt_jax import paths
 from prompt_jax.errors import ConfigError, did_you_mean, make_dirs
 from prompt_jax.launch import spec as spec_lib
 
@@ -109,11 +110,8 @@ def _write(path: str, lines: Sequence[str]) -> str:
     with open(path) as f:
       earlier = f.read()
     if earlier != text:
-      k = 1
-      while os.path.exists(f"{path}.replaced-{k}"):
-        k += 1
-      os.rename(path, f"{path}.replaced-{k}")
-      print(f"kept the earlier {os.path.basename(path)}, which differs, as {path}.replaced-{k}")
+      kept = paths.keep_aside(path)
+      print(f"kept the earlier {os.path.basename(path)}, which differs, as {kept}")
   os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
   os.replace(tmp, path)
   return path

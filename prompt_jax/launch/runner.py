@@ -30,6 +30,7 @@ import time
 from typing import Dict, List, Optional, TextIO, Tuple
 
 from prompt_jax import console
+from prompt_jax import paths
 from prompt_jax.errors import ConfigError, make_dirs
 from prompt_jax.launch import spec as spec_lib
 
@@ -160,11 +161,7 @@ def move_aside(model_dir: str) -> Optional[str]:
       return None
   except OSError:
     return None
-  k = 1
-  while os.path.exists(f"{model_dir}.replaced-{k}"):
-    k += 1
-  os.rename(model_dir, f"{model_dir}.replaced-{k}")
-  return f"{model_dir}.replaced-{k}"
+  return paths.keep_aside(model_dir)
 
 
 def _flags(command: List[str]) -> Dict[str, object]:

@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 import optax
 import orbax.checkpoint as ocp
 
+from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError, RunError, causes
@@ -69,17 +70,11 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
   Remote paths (gs://...) are not checked here."""
   if "://" in model_dir:
     return
+  message = paths.not_a_directory_message(model_dir)
+  if message:
+    raise ConfigError(message)
   path = os.path.abspath(model_dir)
-  probe_dir = path
-  while not os.path.exists(probe_dir):
-    parent = os.path.dirname(probe_dir)
-    if parent == probe_dir:
-      break
-    probe_dir = parent
-  if not os.path.isdir(probe_dir):
-    what = "MODEL_DIR" if probe_dir == path else f"{probe_dir} (a parent of MODEL_DIR)"
-    raise ConfigError(f"MODEL_DIR {model_dir!r} cannot be a directory: {what} is a file; "
-                      f"choose another MODEL_DIR or move that file away")
+  probe_dir = paths.nearest_existing(path)
   try:
     _probe(probe_dir)
   except OSError as e:
