@@ -31,6 +31,7 @@ a binding value's label keeps its sign: `-0.5`); its command is
 Packaged gin files stay relative (the cluster's install finds them); your own, and local
 gin_search_paths, become absolute (emitted scripts run from other directories).
 """
+import ast
 import dataclasses
 import math
 import os
@@ -374,6 +375,29 @@ def _bindings(value: Any, where: str) -> List[Tuple[str, Any]]:
   return out
 
 
+def _gin_value(value: Any) -> Any:
+  """What gin makes of a YAML value, as far as Python literals tell ('1e-1' -> 0.1); gin text
+  that is no literal (@ref, %MACRO) stays text. Typed, so 1 and 1.0 stay apart."""
+  text = gin_text(value, "value")
+  try:
+    parsed = ast.literal_eval(text.strip())
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    return ("text", text.strip())
+  return (type(parsed).__name__, repr(parsed))
+
+
+def _check_distinct(values: Sequence[Any], where: str) -> None:
+  """Two equal values of a binding axis ([0.1, 1e-1]) would be two identical jobs under two
+  names, each costing a full run: one line instead."""
+  seen: Dict[Any, Any] = {}
+  for v in values:
+    key = _gin_value(v)
+    if key in seen:
+      raise ConfigError(f"{where}: {gin_text(seen[key], where)} and {gin_text(v, where)} are the "
+                        f"same value; list each value once")
+    seen[key] = v
+
+
 def _axis(name: str, value: Any) -> Axis:
   where = f"axis {name!r}"
   if value is None or (isinstance(value, (list, tuple, dict)) and not value):
@@ -385,6 +409,7 @@ def _axis(name: str, value: Any) -> Axis:
     if not is_macro(name) and "." not in name:
       raise ConfigError(f"{where}: a list of values needs a gin macro or parameter as the axis "
                         f"name (e.g. PROMPT_LENGTH: [1, 5]); use `gin_file: [...]` for files")
+    _check_distinct(value, where)
     return Axis(name, tuple(Choice(_label(v), (), ((name, v),)) for v in value))
   if isinstance(value, dict) and set(value) == {"gin_file"} and isinstance(
       value["gin_file"], (list, tuple)):  # a gin-file axis

@@ -197,9 +197,28 @@ def test_job_name_too_long_for_a_file_name(tmp_path):
 
 
 def test_two_jobs_sharing_a_model_dir(tmp_path):
-  # 4 and "4" are different gin values with the same label.
-  line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, '4']\n", "run")
-  assert "two jobs share MODEL_DIR" in line and "PROMPT_LENGTH-4" in line
+  # Two different paths whose labels (their last two parts) are the same.
+  line = _error(tmp_path, BASE + "axes:\n  INITIAL_CHECKPOINT_PATH: [\"'/x/run/ckpt'\", "
+                "\"'/y/run/ckpt'\"]\n", "run")
+  assert "two jobs share MODEL_DIR" in line and "INITIAL_CHECKPOINT_PATH-run-ckpt" in line
+
+
+@pytest.mark.parametrize("values,shown", [
+    ("[0.1, 1e-1]", "0.1 and 1e-1"),   # YAML reads 1e-1 as a string; gin, as 0.1
+    ("[4, '4']", "4 and 4"),           # a string is gin text: --gin.X=4 both times
+    ("[[1, 2], [1,2]]", "[1, 2] and [1, 2]"),  # YAML lists
+    ("['%A', '%A']", "%A and %A"),
+])
+def test_an_axis_listing_one_value_twice(tmp_path, values, shown):
+  """[0.1, 1e-1] gave two identical jobs under two names, each a full run."""
+  line = _error(tmp_path, BASE + f"axes:\n  DROPOUT_RATE: {values}\n", "plan")
+  assert f"axis 'DROPOUT_RATE': {shown} are the same value; list each value once" in line
+
+
+def test_values_equal_in_python_but_not_in_gin_stay_apart(tmp_path):
+  # 1 and 1.0 are different gin values (an integer parameter refuses 1.0): two jobs.
+  spec = helpers.write_spec(tmp_path, BASE + "axes:\n  DROPOUT_RATE: [1, 1.0, true]\n")
+  assert len(spec_lib.build(spec, root=str(tmp_path / "root")).jobs) == 3
 
 
 @pytest.mark.parametrize("text,expected", [
