@@ -555,13 +555,13 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
   names = [m.name for m in members]
   lengths = dict(dataset_cfg.task_feature_lengths)
   # Every example and the prompt it names, checked before the model loads.
-  groups = []  # (task, tokens [E, T], prompt index [E], texts, targets)
+  groups = []  # (task, tokens [E, T], prompt index [E], texts, targets, keys)
   for sub in subtasks:
     with data_lib.user_data_errors():  # a missing or malformed data file: one line
       examples = list(sub.get_dataset(sequence_length=lengths, split=dataset_cfg.split,
                                       shuffle=False, use_cached=dataset_cfg.use_cached)
                       .as_numpy_iterator())
-    tokens, which, texts, targets = [], [], [], []
+    tokens, which, texts, targets, keys = [], [], [], [], []
     for ex in examples:
       name = ex.get("prompt", sub.name)
       name = name.decode() if isinstance(name, bytes) else str(name)
@@ -576,15 +576,16 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
       texts.append(sub.output_features["inputs"].vocabulary.decode(
           [int(t) for t in ex["inputs"] if t > 1]))
       targets.append(vocabulary.decode([int(t) for t in ex["targets"] if t > 1]))
+      keys.append(run_lib.example_keys(ex))
     groups.append((sub, np.stack(tokens) if tokens else np.zeros((0, lengths["inputs"]),
                                                                   np.int32),
-                   np.array(which, np.int32), texts, targets))
+                   np.array(which, np.int32), texts, targets, keys))
   if not any(len(g[2]) for g in groups):
     raise inference.no_examples(task.name, dataset_cfg.split)
   server = serve(members, model, dataset_cfg, initial_checkpoint_path, num_partitions,
                  vocabulary)
   rows = []
-  for sub, tokens, which, texts, targets in groups:
+  for sub, tokens, which, texts, targets, keys in groups:
     labels = inference.label_set(sub.name)
     label_ids = inference.label_tokens(labels, vocabulary) if labels else None
     out = _rows(server, tokens, which, batch_size=dataset_cfg.batch_size, labels=label_ids,
@@ -594,9 +595,14 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
       preds = [inference.until_eos(label_ids[c]) for c in np.argmax(out["scores"][:, 0], -1)]
     else:
       preds = [inference.until_eos(r) for r in out["tokens"][:, 0]]
-    for text, pred, target, i in zip(texts, preds, targets, which):
-      rows.append(json.dumps({"task": sub.name, "prompt": names[i], "inputs": text,
-                              "prediction": vocabulary.decode(pred), "targets": target}) + "\n")
+    for text, pred, target, i, key in zip(texts, preds, targets, which, keys):
+      row = {"task": sub.name, "prompt": names[i]}
+      if "idx" in key:
+        row["idx"] = key["idx"]
+      row.update(inputs=text, prediction=vocabulary.decode(pred))
+      if key["labelled"]:
+        row["targets"] = target
+      rows.append(json.dumps(row) + "\n")
   out_path = os.path.join(model_dir, run_lib.INFERENCE_DIR,
                           run_lib.result_stem(task.name, dataset_cfg.split, "bank") + ".jsonl")
   if jax.process_index() == 0:

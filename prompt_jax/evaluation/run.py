@@ -226,19 +226,57 @@ def _write_text(path: str, text: str) -> None:
   os.replace(path + ".tmp", path)
 
 
-def _split_rows(task, dataset_cfg: data_lib.DatasetConfig) -> List[Tuple[str, Dict]]:
-  """(task name, model features) of every example of the split, once: a task's in order; a
-  mixture's task by task, as seqio's Evaluator reads them (seqio's own mixture sampling stops
-  at the first task to run out, dropping the other tasks' remaining rows), interleaved one row
-  of each task in turn, so batches mix the tasks as training's do."""
+def _split_rows(task, dataset_cfg: data_lib.DatasetConfig) -> List[Tuple[str, Dict, Dict]]:
+  """(task name, model features, `example_keys`) of every example of the split, once: a task's
+  in order; a mixture's task by task, as seqio's Evaluator reads them (seqio's own mixture
+  sampling stops at the first task to run out, dropping the other tasks' remaining rows),
+  interleaved one row of each task in turn, so batches mix the tasks as training's do."""
   subtasks = data_lib.mixture_tasks(task, dataset_cfg.split) or [task]
   per_task = []
   for sub in subtasks:
-    cfg = dataclasses.replace(dataset_cfg, mixture_or_task_name=sub.name)
+    cfg = dataclasses.replace(dataset_cfg, mixture_or_task_name=sub.name, shuffle=False,
+                              pack=False)
     ds = data_lib.get_dataset(cfg, num_epochs=1, shard_id=0, num_shards=1,
                               drop_remainder=False).unbatch()
-    per_task.append([(sub.name, ex) for ex in ds.as_numpy_iterator()])
+    # The same examples before the feature converter, which drops all but the model's
+    # features: their keys (`idx`) and whether they are labelled. Both reads are unshuffled
+    # and the converter maps one example to one row, so the two streams pair up in order.
+    with data_lib.user_data_errors():
+      preprocessed = sub.get_dataset(
+          sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
+          use_cached=cfg.use_cached, shuffle=False, num_epochs=1).as_numpy_iterator()
+      rows = [(sub.name, ex, example_keys(pre))
+              for ex, pre in zip(ds.as_numpy_iterator(), preprocessed, strict=True)]
+    per_task.append(rows)
   return [row for rows in itertools.zip_longest(*per_task) for row in rows if row is not None]
+
+
+def _json_value(value):
+  """A numpy value of a preprocessed example as JSON: arrays as lists, bytes as text."""
+  value = np.asarray(value)
+  if value.dtype.kind in "SO":
+    decode = lambda v: v.decode() if isinstance(v, bytes) else v
+    return decode(value.item()) if value.ndim == 0 else [decode(v) for v in value.tolist()]
+  return value.tolist()
+
+
+def example_keys(example) -> Dict:
+  """What an infer row keeps of its preprocessed example beside the texts: `idx` (GLUE and
+  SuperGLUE: an integer; ReCoRD, MultiRC: T5's flattened `idx/<part>` features as a mapping),
+  which joins a test split's predictions to the benchmark's rows for a submission, and
+  `labelled`: False for an unlabelled example (label -1, whose target T5's preprocessors
+  write as '<unk>'), whose row then carries no `targets`."""
+  keys = {}
+  if "idx" in example:
+    keys["idx"] = _json_value(example["idx"])
+  else:
+    parts = {k.split("/", 1)[1]: _json_value(v) for k, v in example.items()
+             if k.startswith("idx/")}
+    if parts:
+      keys["idx"] = parts
+  target = example.get("targets_pretokenized")
+  keys["labelled"] = target is None or _json_value(target) not in ("<unk>", ["<unk>"])
+  return keys
 
 
 def encode_inputs(texts: Sequence[str], vocabulary, length: int) -> np.ndarray:
@@ -263,7 +301,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
           model: Optional[run_setup.ModelSpec] = None,
           inputs: Optional[Sequence[str]] = None, print_fn=print, prompt_bank=None) -> str:
-  """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"inputs", "prediction", "targets"}.
+  """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"idx", "inputs", "prediction",
+  "targets"}; `idx` where the task's examples have one, `targets` where they are labelled.
 
   With `inputs` (texts, `--input` on the command line): predicts those instead, prints
   'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
@@ -294,20 +333,22 @@ def infer(*, model_dir: str = gin.REQUIRED,
     texts = list(inputs)
     tokens_in = encode_inputs(texts, inputs_vocab, dataset_cfg.task_feature_lengths["inputs"])
     targets = [None] * len(texts)
+    row_keys = [{}] * len(texts)
     row_tasks = [task.name] * len(texts)
     name = f"{task.name}-inputs.jsonl"
   else:
     examples = _split_rows(task, dataset_cfg)
     if not examples:
       raise inference.no_examples(task.name, dataset_cfg.split)
-    tokens_in = np.stack([ex["encoder_input_tokens"] for _, ex in examples])
+    tokens_in = np.stack([ex["encoder_input_tokens"] for _, ex, _ in examples])
     if data_lib.TASK_IDS in examples[0][1]:
-      task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex in examples])  # [N]
+      task_ids = np.stack([ex[data_lib.TASK_IDS] for _, ex, _ in examples])  # [N]
     texts = [inputs_vocab.decode([int(t) for t in ex["encoder_input_tokens"] if t > 1])
-             for _, ex in examples]
+             for _, ex, _ in examples]
     targets = [vocabulary.decode([int(t) for t in ex["decoder_target_tokens"] if t > 1])
-               for _, ex in examples]
-    row_tasks = [sub for sub, _ in examples]
+               if keys["labelled"] else None for _, ex, keys in examples]
+    row_keys = [keys for _, _, keys in examples]
+    row_tasks = [sub for sub, _, _ in examples]
     name = result_stem(task.name, dataset_cfg.split) + ".jsonl"
   predict = functools.partial(inference.predict_tokens, run, batch_size=dataset_cfg.batch_size,
                               max_decode_length=dataset_cfg.task_feature_lengths["targets"],
@@ -328,7 +369,8 @@ def infer(*, model_dir: str = gin.REQUIRED,
   if jax.process_index() == 0:
     rows = []
     for i, (text, pred, target) in enumerate(zip(texts, predictions, targets)):
-      row = {"inputs": text, "prediction": pred}
+      row = {"idx": row_keys[i]["idx"]} if "idx" in row_keys[i] else {}
+      row.update(inputs=text, prediction=pred)
       if target is not None:
         row["targets"] = target
       if task_ids is not None:
