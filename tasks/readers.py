@@ -8,11 +8,11 @@ set is an error, never a silently wrong label.
 import csv
 import gzip
 import json
+import logging
 import pathlib
 import sys
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
-from absl import logging
 
 Example = Dict[str, Any]
 

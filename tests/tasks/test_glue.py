@@ -151,3 +151,23 @@ def test_ag_news_and_imdb_from_official_files(tmp_path, write_file):
       "again.", "Business")
   assert [(ex["inputs"], ex["targets"]) for ex in text_examples("imdb_reviews_v100")] == [
       ("imdb text: Dreadful.", "negative"), ("imdb text: A fine film.", "positive")]
+
+
+def test_a_skipped_row_is_said_without_verbose(tmp_path, write_file):
+  """A TSV row with missing fields is skipped, as TFDS does; the line saying so went through
+  absl's logger, which the quiet console holds at ERROR: the user saw fewer examples, no word."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  path = write_file(tmp_path / "glue/QQP/dev.tsv",
+                    "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n0\t1\t2\tA?\tB?\t0\n"
+                    "1\t3\t4\tonly one\n2\t5\t6\tC?\tD?\t1\n")
+  proc = subprocess.run(  # a process of its own: pytest's log handlers would hide the console's
+      [sys.executable, "-m", "prompt_jax", "tasks", "glue_qqp_v002", f"--data_dir={tmp_path}",
+       "-n", "5"], capture_output=True, text=True, timeout=300,
+      env={k: v for k, v in os.environ.items()  # importing TF here set it to 1: a user's shell
+           if k != "TF_CPP_MIN_LOG_LEVEL"})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.count("--- example") == 2
+  assert proc.stderr.splitlines() == [
+      f"warning: {path}: skipped 1 row(s) with missing fields (lines 3)"], proc.stderr
