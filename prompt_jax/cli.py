@@ -44,6 +44,7 @@ line and exits 1; a run preempted by SIGTERM saves a checkpoint, says so and exi
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 import warnings
 import traceback
@@ -147,8 +148,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
                              "prompt-tuning adapter dir (adapter_config.json + "
                              "adapter_model.safetensors)")
     parser.add_argument("--output", default=None,
-                        help="file to write (default: MODEL_DIR/export/<name>_step<N>.npy; "
-                             "peft: the adapter dir, default MODEL_DIR/export/peft_step<N>)")
+                        help="file to write, or a directory (DIR/) for each array "
+                             "(default: MODEL_DIR/export/<name>_step<N>.npy; peft: the adapter "
+                             "dir, default MODEL_DIR/export/peft_step<N>)")
   if command == "inspect":
     from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
     parser.add_argument("--prompt", default=None, metavar="FILE.npy",
@@ -478,9 +480,26 @@ def check_against_run(layers) -> None:
   saved = run_dir.checkpoint_shapes(run.checkpoint)
   problem = lambda: run_dir.shape_mismatch(run_dir.trainable_shapes(run_setup.model_spec()),
                                           saved)
+  if not run.own:  # another run's checkpoint: MODEL_DIR's values are not what it was trained with
+    mismatch = problem()
+    if mismatch:
+      raise _Error(f"CHECKPOINT_PATH {run.checkpoint} does not fit MODEL_DIR {model_dir}'s "
+                   f"configuration: {mismatch}; {_its_settings(run.checkpoint)}")
+    return
   message = layering.contradiction(layers.run_values, problem, model_dir)
   if message:
     raise _Error(message)
+
+
+def _its_settings(checkpoint: str) -> str:
+  """How to evaluate another run's checkpoint with the settings it was trained with."""
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  its_run = os.path.dirname(os.path.dirname(os.path.abspath(checkpoint.rstrip("/"))))
+  if os.path.basename(os.path.dirname(os.path.abspath(checkpoint.rstrip("/")))) == "checkpoints" \
+      and os.path.isfile(run_dir.config_path(its_run)):  # ours: <run>/checkpoints/<step>
+    return (f"give its run's configuration, --gin_file={shlex.quote(run_dir.config_path(its_run))}"
+            f", or evaluate it in its own MODEL_DIR {its_run}")
+  return "set the values it was trained with (its method's gin file, PROMPT_LENGTH, ...)"
 
 
 def _register_configurables() -> None:

@@ -153,6 +153,34 @@ def test_an_override_contradicting_the_dpt_checkpoint_names_both_values(dpt_run)
   assert code == 2 and "PROMPT_LENGTH=5 contradicts" in err and "PROMPT_LENGTH=8)" in err
 
 
+def test_another_runs_checkpoint_that_does_not_fit_is_named_with_its_own_config(dpt_run,
+                                                                                 tmp_path):
+  """eval/export of MODEL_DIR's run with CHECKPOINT_PATH of another run (DPT) whose shapes do not
+  fit: the line blamed "the checkpoint in <MODEL_DIR>" and told to use "the run's own settings".
+  Now it names CHECKPOINT_PATH and the other run's config.gin, and that advice works."""
+  dpt_dir, _ = dpt_run
+  plain = str(tmp_path / "plain")
+  code, _, err = run_cli(["train"] + common.flags(plain, 1))
+  assert code == 0, err
+  checkpoint = f"{dpt_dir}/checkpoints/3"
+  for command in ("eval", "export"):
+    code, out, err = run_cli([command, f"--gin.MODEL_DIR='{plain}'",
+                              f"--gin.CHECKPOINT_PATH='{checkpoint}'"])
+    assert code == 2 and out == "", (out, err)
+    assert err == (f"prompt-jax {command}: error: CHECKPOINT_PATH {checkpoint} does not fit "
+                   f"MODEL_DIR {plain}'s configuration: encoder/prompt/prompt/prompt is not in "
+                   f"the checkpoint (it has encoder/prompt/prompt/a, encoder/prompt/prompt/b); "
+                   f"give its run's configuration, --gin_file="
+                   f"{dpt_dir}/config.gin, or evaluate it in its own MODEL_DIR {dpt_dir}\n")
+  code, out, err = run_cli(["eval", f"--gin.MODEL_DIR='{plain}'",
+                            f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+                            f"--gin_file={dpt_dir}/config.gin"])
+  assert code == 0, err
+  code, own, err = run_cli(["eval", f"--gin.MODEL_DIR='{dpt_dir}'"])
+  assert code == 0, err
+  assert _accuracy(out) == _accuracy(own)
+
+
 def test_train_given_only_model_dir_continues_the_run_with_its_config(dpt_run, tmp_path):
   """`prompt-jax train --gin.MODEL_DIR=<run> --gin.TRAIN_STEPS=<more>` (no gin file, as eval and
   infer take) continues the DPT run with its method and values; it used to say MODEL_DIR and
