@@ -79,16 +79,25 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   del base_model  # a .npy names no backbone
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
-  if output and (os.path.isdir(output) or output.endswith(("/", os.sep))):
-    raise ConfigError(f"--output {output} is a directory: name the .npy file to write")
-  check_new_output(output, "a .npy file")
+  into = bool(output) and (os.path.isdir(output) or output.endswith(("/", os.sep)))
+  if output and not into:
+    check_new_output(output, "a .npy file")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))
   arrays = fold(model.prompt, model.config, params)
-  if output and len(arrays) > 1:
+  if output and not into and len(arrays) > 1:
     raise ConfigError(f"--output names one file but this method exports {len(arrays)} arrays "
-                      f"({', '.join(sorted(arrays))}): leave --output out")
-  paths = {stem: output or os.path.join(run.model_dir, EXPORT_DIR, f"{stem}_{run.label}.npy")
-           for stem in sorted(arrays)}
+                      f"({', '.join(sorted(arrays))}): name a directory (--output={output}/) "
+                      f"or leave --output out")
+  # A directory (--output=DIR/, or one that exists) takes each array under the name MODEL_DIR/
+  # export would give it; none already there is replaced.
+  folder = output if into else os.path.join(run.model_dir, EXPORT_DIR)
+  paths = {stem: output if output and not into else
+           os.path.join(folder, f"{stem}_{run.label}.npy") for stem in sorted(arrays)}
+  if into:
+    there = [p for p in paths.values() if os.path.exists(p)]
+    if there:
+      raise ConfigError(f"--output {output}: {there[0]} already exists: export never replaces "
+                        f"it; choose another directory or remove it first")
   if jax.process_index() == 0:
     npy.save_all({paths[stem]: arrays[stem] for stem in paths})
   which = f"step {run.step}" if run.step is not None else run.checkpoint

@@ -16,15 +16,46 @@ def trained_run(tmp_path_factory):
   return model_dir
 
 
-def test_npy_output_naming_a_new_directory_is_one_line_and_writes_nothing(trained_run, tmp_path):
-  """`--output=DIR/` (a directory that does not exist yet) used to write a file named DIR."""
+def test_npy_output_naming_a_directory_takes_the_array_under_its_default_name(trained_run,
+                                                                              tmp_path):
+  """`--output=DIR/` (new) or an existing directory: `<DIR>/prompt_step1.npy`, as under
+  MODEL_DIR/export (it used to write a file named DIR, then was refused: a prefix run's several
+  arrays could not be exported anywhere but MODEL_DIR/export)."""
   target = tmp_path / "exports"
   code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'",
                             f"--output={target}/"])
-  assert code == 2 and out == "", (code, out, err)
-  assert err == (f"prompt-jax export: error: --output {target}/ is a directory: name the .npy "
-                 f"file to write\n")
-  assert os.listdir(tmp_path) == []
+  assert code == 0, err
+  assert out.startswith(f"wrote prompt [8, 64] float32 of checkpoint step 1 to {target}/"
+                        f"prompt_step1.npy"), out
+  np.testing.assert_array_equal(np.load(target / "prompt_step1.npy"),
+                                common.prompt_at(trained_run, 1))
+  # Again, into the directory that now exists (no slash): the file there is never replaced.
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'", f"--output={target}"])
+  assert code == 2 and out == "", (out, err)
+  assert err == (f"prompt-jax export: error: --output {target}: {target}/prompt_step1.npy "
+                 f"already exists: export never replaces it; choose another directory or "
+                 f"remove it first\n")
+  assert os.listdir(target) == ["prompt_step1.npy"]
+
+
+def test_several_arrays_go_into_an_output_directory_or_are_one_line(trained_run, tmp_path,
+                                                                    monkeypatch):
+  from prompt_jax.evaluation import export as export_lib  # pylint: disable=g-import-not-at-top
+  stems = ("cross_prefix", "decoder_prefix", "prefix")  # deep prefix's
+  monkeypatch.setattr(export_lib, "fold", lambda spec, config, params: {
+      stem: np.full((2, 3), i, np.float32) for i, stem in enumerate(stems)})
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'",
+                            f"--output={tmp_path / 'one.npy'}"])
+  assert code == 2 and out == "" and os.listdir(tmp_path) == [], (out, err)
+  assert err == (f"prompt-jax export: error: --output names one file but this method exports 3 "
+                 f"arrays (cross_prefix, decoder_prefix, prefix): name a directory (--output="
+                 f"{tmp_path / 'one.npy'}/) or leave --output out\n")
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'",
+                            f"--output={tmp_path / 'kv'}/"])
+  assert code == 0, err
+  for i, stem in enumerate(stems):
+    np.testing.assert_array_equal(np.load(tmp_path / "kv" / f"{stem}_step1.npy"),
+                                  np.full((2, 3), i, np.float32))
 
 
 def test_npy_output_naming_a_file_round_trips(trained_run, tmp_path):

@@ -112,6 +112,15 @@ def _t5x_run(ctx):
   return ctx.model_dir
 
 
+def _holding_the_export(ctx):
+  """A directory for --output that already holds a file of the export's name."""
+  folder = ctx.path("exports")
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, "prompt_step2.npy"), "w") as f:
+    f.write("a prompt trained elsewhere\n")
+  return folder
+
+
 def _file_model_dir(ctx):
   path = ctx.path("model_dir_is_a_file")
   with open(path, "w") as f:
@@ -354,9 +363,9 @@ CASES = [
     Case("eval_of_a_t5x_train_run", lambda c: ["eval", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
          "is a run of t5x.train, whose config.gin prompt-jax does not read: evaluate it with "
          "--gin.CHECKPOINT_PATH=", model_dir="fresh"),
-    Case("export_output_is_a_directory", lambda c: [
-        "export", f"--gin.MODEL_DIR='{c.model_dir}'", f"--output={c.path()}"],
-         "is a directory: name the .npy file to write"),
+    Case("export_output_dir_holds_the_file", lambda c: [
+        "export", f"--gin.MODEL_DIR='{c.model_dir}'", f"--output={_holding_the_export(c)}"],
+         "/exports/prompt_step2.npy already exists: export never replaces it"),
     Case("export_damaged_checkpoint_path", lambda c: [
         "export", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{_damaged(c.model_dir, 2)}'"],
