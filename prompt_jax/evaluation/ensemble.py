@@ -511,7 +511,8 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
                          "length": m.length, "metrics": per_prompt[m.name]} for m in members],
             "mean": mean, "best": best, "ensemble": ensemble}
   out_dir = os.path.join(model_dir, ENSEMBLE_DIR)
-  stem = os.path.join(out_dir, run_lib.result_stem(task.name, dataset_cfg.split))
+  stem = os.path.join(out_dir, run_lib.result_stem(task.name, dataset_cfg.split,
+                                                   *run_lib.decoding_label(decoding_cfg)))
   files = [stem + ".json", stem + ".md", stem + "-predictions.jsonl"]
   if jax.process_index() == 0:
     rows = []
@@ -604,7 +605,8 @@ def bank_infer(*, model_dir: str, dataset_cfg: data_lib.DatasetConfig, prompt_ba
         row["targets"] = target
       rows.append(json.dumps(row) + "\n")
   out_path = os.path.join(model_dir, run_lib.INFERENCE_DIR,
-                          run_lib.result_stem(task.name, dataset_cfg.split, "bank") + ".jsonl")
+                          run_lib.result_stem(task.name, dataset_cfg.split, "bank",
+                                              *run_lib.decoding_label(decoding_cfg)) + ".jsonl")
   if jax.process_index() == 0:
     run_lib._write_text(out_path, "".join(rows))  # pylint: disable=protected-access
   summaries.log("wrote %d predictions to %s", len(rows), out_path)

@@ -29,7 +29,7 @@ from prompt_jax.train import data as data_lib
 from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
 
-EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>.json (`result_label`)
+EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>[-beam<K>].json (`result_label`)
 INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>.jsonl
 
 
@@ -129,7 +129,7 @@ def evaluate(*, model_dir: Optional[str] = None,
   if model_dir and jax.process_index() == 0:
     out = os.path.join(model_dir, EVAL_DIR, result_stem(
         dataset_cfg.mixture_or_task_name, dataset_cfg.split,
-        result_label(source, prompt_file)) + ".json")
+        result_label(source, prompt_file), *decoding_label(decoding_cfg)) + ".json")
     # "decoding": of the tasks without a label set (those with one are rank-classified), so
     # that a beam result and a greedy one of the same checkpoint tell themselves apart
     _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
@@ -204,6 +204,16 @@ def result_stem(task_name: str, split: str, *labels: str) -> str:
   eval, infer, ensemble-eval and bank infer all name the split, so results of several splits
   sit side by side in MODEL_DIR, never one over another."""
   return "-".join((task_name, split) + labels)
+
+
+def decoding_label(decoding_cfg) -> Tuple[str, ...]:
+  """What a result's file name says of a decoding other than greedy (the default): 'beam4',
+  'beam4-alpha0' (alpha other than T5's 0.6), so a beam result never replaces the greedy one of
+  the same checkpoint, nor one of another beam size."""
+  if decoding_cfg.method == "greedy":
+    return ()
+  alpha = "" if decoding_cfg.alpha == 0.6 else f"-alpha{decoding_cfg.alpha:g}"
+  return (f"{decoding_cfg.method}{decoding_cfg.beam_size}{alpha}",)
 
 
 def result_label(source: run_dir.RunDir, prompt_file: Optional[str]) -> str:
@@ -301,8 +311,9 @@ def infer(*, model_dir: str = gin.REQUIRED,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
           model: Optional[run_setup.ModelSpec] = None,
           inputs: Optional[Sequence[str]] = None, print_fn=print, prompt_bank=None) -> str:
-  """Writes MODEL_DIR/inference/<task>-<split>.jsonl: {"idx", "inputs", "prediction",
-  "targets"}; `idx` where the task's examples have one, `targets` where they are labelled.
+  """Writes MODEL_DIR/inference/<task>-<split>[-beam<K>].jsonl: {"idx", "inputs", "prediction",
+  "targets"}; `idx` where the task's examples have one, `targets` where they are labelled;
+  `-beam<K>` names a decoding other than greedy (`decoding_label`).
 
   With `inputs` (texts, `--input` on the command line): predicts those instead, prints
   'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
@@ -335,7 +346,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
     targets = [None] * len(texts)
     row_keys = [{}] * len(texts)
     row_tasks = [task.name] * len(texts)
-    name = f"{task.name}-inputs.jsonl"
+    name = result_stem(task.name, "inputs", *decoding_label(decoding_cfg)) + ".jsonl"
   else:
     examples = _split_rows(task, dataset_cfg)
     if not examples:
@@ -349,7 +360,7 @@ def infer(*, model_dir: str = gin.REQUIRED,
                if keys["labelled"] else None for _, ex, keys in examples]
     row_keys = [keys for _, _, keys in examples]
     row_tasks = [sub for sub, _, _ in examples]
-    name = result_stem(task.name, dataset_cfg.split) + ".jsonl"
+    name = result_stem(task.name, dataset_cfg.split, *decoding_label(decoding_cfg)) + ".jsonl"
   predict = functools.partial(inference.predict_tokens, run, batch_size=dataset_cfg.batch_size,
                               max_decode_length=dataset_cfg.task_feature_lengths["targets"],
                               vocabulary=vocabulary, progress="infer",

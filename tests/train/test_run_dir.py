@@ -2,6 +2,7 @@
 described from MODEL_DIR alone, overrides that contradict the checkpoint, export's fold table."""
 import contextlib
 import io
+import json
 import os
 import re
 
@@ -305,3 +306,26 @@ def test_export_stacks_deep_prefix_key_and_value():
     assert folded[name].shape == (2, 2, 3, 64)  # [key/value, L, P, heads * head_dim]
     np.testing.assert_array_equal(folded[name][0], np.asarray(direct["key"]))
     np.testing.assert_array_equal(folded[name][1], np.asarray(direct["value"]))
+
+
+def test_a_beam_result_sits_beside_the_greedy_one(dpt_run):
+  """eval / infer with another decoding wrote the same file as greedy's, replacing it."""
+  model_dir, _ = dpt_run
+  eval_dir = os.path.join(model_dir, "eval")
+  stem = os.path.join(eval_dir, "embedded_last_letter-validation-step3")
+  beam = ["--gin.prompt_jax.decoding_config.method='beam'"]
+  for extra, suffix in (([], ""), (beam, "-beam4"),
+                        (beam + ["--gin.prompt_jax.decoding_config.beam_size=2",
+                                 "--gin.prompt_jax.decoding_config.alpha=0.0"], "-beam2-alpha0")):
+    code, out, err = run_cli(["eval", f"--gin.MODEL_DIR='{model_dir}'", *extra])
+    assert code == 0, err
+    assert f"metrics {stem}{suffix}.json;" in out, out
+    with open(f"{stem}{suffix}.json") as f:
+      assert json.load(f)["decoding"]["method"] == ("beam" if extra else "greedy")
+    code, out, err = run_cli(["infer", f"--gin.MODEL_DIR='{model_dir}'", "--input=abcabd",
+                              *extra])
+    assert code == 0, err
+    assert os.path.isfile(os.path.join(model_dir, "inference",
+                                       f"embedded_last_letter-inputs{suffix}.jsonl"))
+  assert sorted(f for f in os.listdir(eval_dir) if "step3" in f) == sorted(
+      os.path.basename(stem) + s for s in (".json", "-beam2-alpha0.json", "-beam4.json"))
