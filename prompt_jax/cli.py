@@ -279,11 +279,26 @@ def resolve_paths() -> Optional[str]:
                    f"--gin.{name}=\"'/a/path'\"" + ("" if name == "MODEL_DIR" else " or None"))
     if absolute(value) != value:
       gin.parse_config(f"{name} = {absolute(value)!r}")
+  _check_gcs_reachable()
   value = _macro("MODEL_DIR")
   if not isinstance(value, str):
     return None
   _check_not_a_file(value)
   return value
+
+
+def _check_gcs_reachable() -> None:
+  """A gs:// path on a machine that cannot reach GCS: one line at once (it hung for minutes in
+  GCS's credential and retry loops, printing C++ log lines, then failed with libcurl's words)."""
+  on_gcs = [(n, _macro(n)) for n in PATH_MACROS
+            if isinstance(_macro(n), str) and _macro(n).startswith("gs://")]
+  if not on_gcs:
+    return
+  why = paths.unreachable_gcs()
+  if why:
+    name, value = on_gcs[0]
+    raise _Error(f"{name} {value} is on Google Cloud Storage, which this machine cannot reach "
+                 f"({why}: no network?); copy it to a local path, or run where GCS is reachable")
 
 
 def _check_not_a_file(model_dir: str) -> None:

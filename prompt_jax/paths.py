@@ -1,7 +1,11 @@
 """Where the packaged resources (gin files) live, for wheel and editable installs alike, a
-user's path made absolute, an earlier file or run kept aside, and the file that keeps a path from being a directory."""
+user's path made absolute, an earlier file or run kept aside, whether Google Cloud Storage
+can be reached, and the file that keeps a path from being a directory."""
 import os
 import pathlib
+import socket
+import threading
+from typing import Callable, Optional
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 
@@ -60,3 +64,32 @@ def keep_aside(path: str) -> str:
     k += 1
   os.rename(path, f"{path}.replaced-{k}")
   return f"{path}.replaced-{k}"
+
+
+GCS_HOST = "storage.googleapis.com"
+# Set, these send GCS requests elsewhere (a proxy resolves the host; an emulator replaces it).
+_GCS_ELSEWHERE = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "STORAGE_EMULATOR_HOST",
+                  "CLOUD_STORAGE_EMULATOR_ENDPOINT")
+
+
+def unreachable_gcs(timeout_s: float = 5.0,
+                    resolve: Optional[Callable[..., object]] = None) -> Optional[str]:
+  """Why Google Cloud Storage cannot be reached from this machine ('storage.googleapis.com does
+  not resolve'), or None: it resolves, a proxy or emulator is set, or the lookup takes longer
+  than `timeout_s` (then GCS's own client decides). Offline, a gs:// checkpoint otherwise hangs
+  in GCS's credential and retry loops for minutes before any error."""
+  if any(os.environ.get(k) for k in _GCS_ELSEWHERE):
+    return None
+  failed = []
+  resolve = resolve or socket.getaddrinfo
+
+  def look_up():
+    try:
+      resolve(GCS_HOST, 443)
+    except OSError as e:  # socket.gaierror: the name does not resolve
+      failed.append(e)
+
+  thread = threading.Thread(target=look_up, daemon=True)
+  thread.start()
+  thread.join(timeout_s)
+  return f"{GCS_HOST} does not resolve" if failed else None

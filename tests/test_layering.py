@@ -80,6 +80,9 @@ def test_packaged_run_files_bind_no_values_only_wiring(run_file):
 
 def test_relative_paths_become_absolute_urls_stay(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  # As on a machine that reaches GCS (offline, see tests/test_gcs_reachable.py).
+  monkeypatch.setattr(paths, "unreachable_gcs", lambda *args, **kwargs: None)
   cli.parse_gin(["runs/embedded_default.gin"],
                 ["MODEL_DIR = 'runs/exp1'", "PROMPT_FILE = '~/p.npy'",
                  "CHECKPOINT_PATH = 'gs://bucket/run/checkpoints/3'", "DATA_DIR = 'data'"],
