@@ -250,11 +250,13 @@ def _split_rows(task, dataset_cfg: data_lib.DatasetConfig) -> List[Tuple[str, Di
                               drop_remainder=False).unbatch()
     # The same examples before the feature converter, which drops all but the model's
     # features: their keys (`idx`) and whether they are labelled. Both reads are unshuffled
-    # and the converter maps one example to one row, so the two streams pair up in order.
+    # with one seed (stochastic preprocessors draw alike), and the converter maps one example
+    # to one row, so the two streams pair up in order.
     with data_lib.user_data_errors():
       preprocessed = sub.get_dataset(
           sequence_length=dict(cfg.task_feature_lengths), split=cfg.split,
-          use_cached=cfg.use_cached, shuffle=False, num_epochs=1).as_numpy_iterator()
+          use_cached=cfg.use_cached, shuffle=False, seed=cfg.seed,
+          num_epochs=1).as_numpy_iterator()
       rows = [(sub.name, ex, example_keys(pre))
               for ex, pre in zip(ds.as_numpy_iterator(), preprocessed, strict=True)]
     per_task.append(rows)
