@@ -209,6 +209,7 @@ class Inspection:
 
   def summary_lines(self, shown: int = 3) -> List[str]:
     p, h = self.shape
+    shown = min(shown, len(self.neighbour_texts[0]) if self.neighbour_texts else shown)
     lines = [f"prompt [{p}, {h}]: nearest vocabulary rows by cosine (top {shown} per position)"]
     for i in range(p):
       lines.append(f"  {i:4d}  " + "  ".join(
@@ -324,6 +325,9 @@ def load_prompt_file(path: str) -> np.ndarray:
   if prompt.ndim != 2:
     raise ConfigError(f"--prompt {path} has shape {prompt.shape}: inspect reads a [P, H] prompt "
                       f"(a deep prefix [2, L, P, D] holds key/value activations, not embeddings)")
+  if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+    raise ConfigError(f"--prompt {path} has shape {prompt.shape}: an empty prompt has nothing "
+                      f"to inspect")
   return prompt
 
 
@@ -418,5 +422,10 @@ def inspect(*, prompt_file: Optional[str] = None, model_dir: Optional[str] = Non
     raise ConfigError(f"the prompt is [{prompt.shape[0]}, {prompt.shape[1]}] but the frozen "
                       f"model's embeddings are {table.shape[1]}-d: inspect it with the model it "
                       f"was trained for")
+  size = getattr(vocabulary, "vocab_size", None)
+  if size is not None and size > table.shape[0]:  # ids past the table: another model's pieces
+    raise ConfigError(f"the vocabulary has {size} entries but the frozen model's embedding table "
+                      f"only {table.shape[0]} rows: it is not this model's vocabulary; give the "
+                      f"one it was trained with (--vocabulary, or the run's task)")
   return inspect_prompt(prompt, table, vocabulary, out_stem, top_k=top_k, title=title,
                         events_dir=events_dir)

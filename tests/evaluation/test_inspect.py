@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -252,11 +253,12 @@ def test_a_prompt_of_another_width_is_refused(tmp_path):
 def test_vocabulary_flag_decodes_with_a_sentencepiece_model(spm_path, tmp_path):
   """No run, no task: --prompt, INITIAL_CHECKPOINT_PATH and --vocabulary are all it needs."""
   from prompt_jax import vocab  # pylint: disable=g-import-not-at-top
-  table = checkpoints.load_array(_embedded_path(), "token_embedder/embedding")  # [260, 64]
+  table = np.random.RandomState(0).randn(32128, 8).astype(np.float32)  # T5's padded rows
+  backbone = checkpoints.save(str(tmp_path / "t5"), {"token_embedder/embedding": table})
   path = tmp_path / "p.npy"
   np.save(path, table[[100, 7]])
   code, out, err = run_cli(["inspect", f"--prompt={path}", f"--vocabulary={spm_path}",
-                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{backbone}'",
                             f"--output_dir={tmp_path / 'out'}"])
   assert code == 0, err
   pieces = vocab.get_vocabulary(str(spm_path)).tokenizer
@@ -265,6 +267,42 @@ def test_vocabulary_flag_decodes_with_a_sentencepiece_model(spm_path, tmp_path):
                                                           pieces.id_to_piece(7)]
   assert out.splitlines()[-1].startswith(f"wrote {tmp_path / 'out' / 'p_spectrum.png'}, ")
   assert not any(l.startswith("note:") for l in out.splitlines())  # the macros it reads are used
+
+
+def test_a_vocabulary_larger_than_the_embedding_table_is_refused(spm_path, tmp_path):
+  """T5's 32k SentencePiece model with the embedded model's 260-row table decoded its byte rows
+  as SentencePiece pieces ('▁1', '▁și'): wrong neighbours, exit 0."""
+  table = checkpoints.load_array(_embedded_path(), "token_embedder/embedding")  # [260, 64]
+  path = tmp_path / "p.npy"
+  np.save(path, table[[100, 7]])
+  code, out, err = run_cli(["inspect", f"--prompt={path}", f"--vocabulary={spm_path}",
+                            f"--gin.INITIAL_CHECKPOINT_PATH='{_embedded_path()}'"])
+  _assert_one_line(code, out, err, "the vocabulary has 32100 entries but the frozen model's "
+                                   "embedding table only 260 rows: it is not this model's "
+                                   "vocabulary")
+  assert os.listdir(tmp_path) == ["p.npy"]
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (4, 0)])
+def test_an_empty_prompt_is_refused(tmp_path, shape):
+  path = tmp_path / "p.npy"
+  np.save(path, np.zeros(shape, np.float32))
+  code, out, err = run_cli(["inspect", f"--prompt={path}", "--gin_file=runs/embedded_default.gin"])
+  _assert_one_line(code, out, err, f"--prompt {path} has shape {shape}: an empty prompt has "
+                                   f"nothing to inspect")
+  assert os.listdir(tmp_path) == ["p.npy"]
+
+
+def test_top_k_below_three_says_how_many_it_shows(tmp_path):
+  """--top_k=1 showed one neighbour per position under a '(top 3 per position)' header."""
+  table = checkpoints.load_array(_embedded_path(), "token_embedder/embedding")
+  path = tmp_path / "p.npy"
+  np.save(path, table[[100, 7]])
+  code, out, err = run_cli(["inspect", f"--prompt={path}", "--top_k=1",
+                            "--gin_file=runs/embedded_default.gin"])
+  assert code == 0, err
+  assert "prompt [2, 64]: nearest vocabulary rows by cosine (top 1 per position)" in out
+  assert re.search(r"^ +0  '\S+' 1\.000$", out, re.M), out
 
 
 def test_a_prompt_file_without_a_vocabulary_is_refused(tmp_path, monkeypatch):
