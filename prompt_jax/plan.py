@@ -27,6 +27,9 @@ from prompt_jax import errors
 
 _FAKE_DEVICES_ENV = "PROMPT_JAX_PLAN_FAKE_DEVICES"
 GIB = 1024 ** 3
+# Fake CPU devices plan starts: 4096 fail in XLA's CPU backend ("Multiprocess computations
+# aren't implemented"), a million hung with no word.
+MAX_FAKE_DEVICES = 2048
 _MODEL_EXAMPLES = "models/t5_1_1_base.gin, models/t5_1_1_xxl.gin, models/t5_1_0_large.gin"
 
 
@@ -123,9 +126,29 @@ def _config(args):
     except ValueError:
       raise ConfigError(f"{where} binds no model (no prompt_jax.t5_config.preset, as a "
                         f"models/*.gin file binds): {give}") from None
+    # A run file (it includes a model) sets what plan takes from its own flags: its values
+    # would not be planned, plan's defaults would, under the run's name.
+    run_values = [f"{name} (--{flag})" for name, flag in _RUN_MACROS if _bound(f"%{name}")]
+    if run_values:
+      raise ConfigError(f"{where} is a run's file: it sets {', '.join(run_values)}, which plan "
+                        f"takes from its flags; give the models/*.gin file it includes and "
+                        f"those flags")
     return run_setup.t5_config(dtype=args.dtype, dropout_rate=0.0, remat_policy=args.remat)
   finally:
     gin.clear_config()
+
+
+_RUN_MACROS = (("BATCH_SIZE", "batch"), ("TASK_FEATURE_LENGTHS", "inputs, --targets"),
+               ("PROMPT_LENGTH", "prompt_length"))
+
+
+def _bound(selector: str) -> bool:
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    gin.query_parameter(selector)
+    return True
+  except ValueError:
+    return False
 
 
 def plan(args) -> Dict[str, float]:
@@ -226,6 +249,13 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
   data, model_parallel = _layout(args)
   _config(args)  # the file binds a model: said here, before any fake devices are started
   needed = data * model_parallel
+  if needed > MAX_FAKE_DEVICES and not os.environ.get(_FAKE_DEVICES_ENV):
+    from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+    raise ConfigError(f"--mesh={args.mesh} is {needed} devices; plan fakes at most "
+                      f"{MAX_FAKE_DEVICES} CPU devices (XLA's CPU backend takes no more): plan a slice "
+                      f"of it with the same per-device shapes, e.g. --mesh="
+                      f"{max(1, data * MAX_FAKE_DEVICES // needed)}x{model_parallel} and "
+                      f"--batch scaled alike")
   if not os.environ.get(_FAKE_DEVICES_ENV):
     import jax  # pylint: disable=g-import-not-at-top
     if jax.device_count() < needed:

@@ -151,3 +151,24 @@ def test_plan_given_a_gin_file_names_its_model_flag(capsys):
   assert err == ["prompt-jax plan: error: unrecognized arguments: --gin_file=models/t5_1_1_xxl.gin"
                  "; plan takes the model file as --model=models/<name>.gin (prompt tuning of "
                  "--prompt_length tokens) (prompt-jax plan --help lists the flags)"], err
+
+
+def test_plan_refuses_a_run_file_that_sets_what_its_flags_set(capsys):
+  """`--model=runs/embedded_default.gin` (it includes a model) was planned with plan's default
+  batch, lengths and prompt, under the run's name: 100 prompt tokens, where the run has 8."""
+  code, out, err = _plan_cli(capsys, [*TINY, "--model=runs/embedded_default.gin"])
+  assert code == 2 and not out, (out, err)
+  assert err == ["prompt-jax plan: error: --model='runs/embedded_default.gin' is a run's file: it "
+                 "sets BATCH_SIZE (--batch), TASK_FEATURE_LENGTHS (--inputs, --targets), "
+                 "PROMPT_LENGTH (--prompt_length), which plan takes from its flags; give the "
+                 "models/*.gin file it includes and those flags"], err
+
+
+def test_plan_refuses_more_fake_devices_than_xla_takes(capsys):
+  """--mesh=1000x1000 started a million fake CPU devices and hung with no word; 4096 fail in
+  XLA's CPU backend. One line, before any device starts."""
+  code, out, err = _plan_cli(capsys, [*TINY, "--mesh=1000x1000", "--batch=1000000"])
+  assert code == 2 and not out, (out, err)
+  assert err == ["prompt-jax plan: error: --mesh=1000x1000 is 1000000 devices; plan fakes at most "
+                 "2048 CPU devices (XLA's CPU backend takes no more): plan a slice of it with "
+                 "the same per-device shapes, e.g. --mesh=2x1000 and --batch scaled alike"], err

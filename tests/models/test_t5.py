@@ -310,3 +310,20 @@ def test_relative_position_bias_is_computed_once_per_stack(remat, monkeypatch):
   jax.grad(loss)(params["encoder"]["prompt"])
   # T' = 7 inputs + 3 prompt positions; targets 4.
   assert calls == [(10, 10, True), (4, 4, False)], calls
+
+
+@pytest.mark.parametrize("qlen,klen,bidirectional", [(5, 7, True), (300, 40, True),
+                                                     (8, 8, False), (1, 9, False),
+                                                     (700, 700, True)])
+def test_relative_position_biases_are_t5xs_q_by_k_bucket_table(qlen, klen, bidirectional):
+  """The biases equal t5x's construction, the bucket of every (q, k) pair computed on the host
+  ([q, k] numpy), exactly; ours computes a bucket per distance (q + k - 1 of them) and indexes
+  the [q, k] layout on the device, so a long sequence no longer costs O(q * k) host memory."""
+  from prompt_jax.models import layers  # pylint: disable=g-import-not-at-top
+  module = layers.RelativePositionBiases(num_buckets=32, max_distance=128, num_heads=3)
+  params = module.init(jax.random.PRNGKey(0), qlen, klen, bidirectional)
+  table = np.asarray(params["params"]["rel_embedding"].value)  # [heads, buckets]
+  buckets = layers.relative_position_bucket(
+      np.arange(klen)[None, :] - np.arange(qlen)[:, None], bidirectional, 32, 128)  # [q, k]
+  np.testing.assert_array_equal(np.asarray(module.apply(params, qlen, klen, bidirectional)),
+                                table[:, buckets][None])
