@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import warnings
 import traceback
@@ -183,6 +184,10 @@ def split_gin_dot_flags(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
         i += 1
       else:
         raise _Error(f"{arg} needs a value: --gin.NAME=VALUE")
+      if not value.strip():  # `--gin.MODEL_DIR=$DIR` with DIR unset: gin's "Unable to parse"
+        example = "\"'/a/path'\"" if name in PATH_MACROS else "<value>"
+        raise _Error(f"--gin.{name}= has no value (an unset shell variable?): give it one, "
+                     f"--gin.{name}={example}")
       bindings.append(f"{name} = {value}")
     else:
       rest.append(arg)
@@ -549,10 +554,12 @@ def _train(args) -> None:
   from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
   model_dir = _macro("MODEL_DIR")
+  from prompt_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   loop.train(check_only=True)  # a refused value is the only line, not after 'for abc steps'
-  _say(f"prompt-jax train: {_macro('MIXTURE_OR_TASK_NAME')} for {_macro('TRAIN_STEPS')} steps "
-       f"into {model_dir}")
-  _print_final(loop.train(infer_fn=inference.evaluate))
+  with checkpointing.run_lock(model_dir):  # one trainer per MODEL_DIR
+    _print_final(loop.train(infer_fn=inference.evaluate, announce=lambda: _say(
+        f"prompt-jax train: {_macro('MIXTURE_OR_TASK_NAME')} for {_macro('TRAIN_STEPS')} "
+        f"steps into {model_dir}")))
   run = run_dir.resolve(model_dir)
   files = run.numpy_files()
   prompt = (f"; prompt {files[0]}" if len(files) == 1
@@ -694,7 +701,12 @@ def console_main() -> int:
   except (ValueError, OSError) as e:
     return _fail("", str(e))
   host_malloc.configure_jax()
-  return main()
+  code = main()
+  # A Ctrl-C while the interpreter shuts down (JAX's and orbax's atexit handlers; a second
+  # Ctrl-C after an interrupted run saved) printed tracebacks from those handlers: end at once.
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (`sweep run`'s jobs ignore it)
+    signal.signal(signal.SIGINT, lambda *_: os._exit(code))  # (its work is done)
+  return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

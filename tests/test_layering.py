@@ -197,3 +197,18 @@ def test_a_binding_gin_cannot_parse_is_one_line_naming_it(tmp_path, monkeypatch,
   captured = capsys.readouterr()
   assert captured.err == f"prompt-jax train: error: {expected}\n", captured.err
   assert captured.out == "" and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flag,line", [
+    ("--gin.MODEL_DIR=", "--gin.MODEL_DIR= has no value (an unset shell variable?): give it one, "
+                         "--gin.MODEL_DIR=\"'/a/path'\""),
+    ("--gin.TRAIN_STEPS= ", "--gin.TRAIN_STEPS= has no value (an unset shell variable?): give "
+                            "it one, --gin.TRAIN_STEPS=<value>"),
+])
+def test_a_gin_flag_without_a_value_is_one_line(tmp_path, monkeypatch, capsys, flag, line):
+  """`--gin.MODEL_DIR=$DIR` with DIR unset was gin's "Unable to parse value. (line 1)"."""
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["train", "--gin_file=runs/embedded_default.gin", flag]) == 2
+  captured = capsys.readouterr()
+  assert captured.err == f"prompt-jax train: error: {line}\n"
+  assert captured.out == "" and os.listdir(tmp_path) == []

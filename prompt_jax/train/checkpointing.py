@@ -14,7 +14,10 @@ saved with them. The fingerprint is needed: orbax (OCDBT) restores a data file w
 without complaint (tests/train/test_reliability.py shows it). `latest_intact` is the one function
 that finds the newest intact checkpoint; `latest_step` is its read-only step-only form (eval/infer).
 """
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import logging
 import os
 import re
@@ -42,6 +45,7 @@ CORRUPT_DIR = "corrupt_checkpoints"
 ITEMS = ("state", "data", "data_iterators")
 # Free space below which MODEL_DIR counts as full before training starts.
 MIN_FREE_BYTES = 64 << 20
+LOCK_FILE = ".train.lock"  # held (flock) by the `prompt-jax train` that writes MODEL_DIR
 
 
 def checkpoints_dir(model_dir: str) -> str:
@@ -63,6 +67,42 @@ def steps(model_dir: str) -> List[int]:
 
 
 # ===== Writable MODEL_DIR =====
+
+@contextlib.contextmanager
+def run_lock(model_dir: str):
+  """Holds MODEL_DIR for one trainer: a second `prompt-jax train` on the same MODEL_DIR (a
+  command run twice, a requeued job while the first still runs) is refused in one line. It
+  used to train beside the first, both saving the same steps over each other (orbax's force)
+  and interleaving their TensorBoard events.
+
+  An exclusive, non-blocking flock of MODEL_DIR/.train.lock, by process 0 (the one that writes
+  checkpoints); the kernel releases it when the process ends, however it ends (kill -9
+  included). The file stays, empty, so a refused command changes nothing in MODEL_DIR. A
+  MODEL_DIR this call created and nothing else wrote is removed again. Remote paths (gs://) are
+  not locked."""
+  if "://" in model_dir or jax.process_index() != 0:
+    yield
+    return
+  check_writable(model_dir)  # (creates nothing) a read-only or full place: its one line first
+  created = not os.path.exists(model_dir)
+  os.makedirs(model_dir, exist_ok=True)
+  path = os.path.join(model_dir, LOCK_FILE)
+  fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      raise ConfigError(f"MODEL_DIR {model_dir} is in use by another `prompt-jax train` (it "
+                        f"holds {path}); wait for it to finish or stop it, or choose another "
+                        f"MODEL_DIR") from None
+    yield
+  finally:
+    os.close(fd)
+    if created and os.listdir(model_dir) == [LOCK_FILE]:  # refused before anything was written
+      shutil.rmtree(model_dir, ignore_errors=True)
+
 
 def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None:
   """ConfigError unless MODEL_DIR is (or can be created as) a writable directory with room for

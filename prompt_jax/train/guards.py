@@ -13,6 +13,7 @@ signal and `reached_preemption_sync_point` makes every process stop at the same 
 """
 import os
 import signal
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -62,6 +63,18 @@ def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Option
                  f"checkpoint")
 
 
+def stop_now(code: int = 128 + signal.SIGINT) -> None:
+  """Ends the process at once, as a second Ctrl-C asks: one line, exit 130, no atexit handlers
+  or library threads left to print tracebacks. An orbax save cut short leaves its temporary
+  directory, which the next run ignores (it resumes from the newest intact checkpoint)."""
+  try:
+    sys.stdout.flush()
+  except (OSError, ValueError):
+    pass
+  print("prompt-jax train: interrupted", file=sys.stderr, flush=True)
+  os._exit(code)  # pylint: disable=protected-access
+
+
 class PreemptionWatch:
   """`watch = PreemptionWatch().install()`; after each step `if watch.requested(step)`: save
   and stop; `watch.uninstall()` when the loop ends. SIGTERM (a preemption) and Ctrl-C (SIGINT,
@@ -95,7 +108,9 @@ class PreemptionWatch:
     if self.by is not None:
       if self.SIGNALS[signum] == self.by:  # asked twice: as the signal would without us
         self.uninstall()
-        os.kill(os.getpid(), signum)
+        if signum == signal.SIGINT:  # "stop now": at once, quietly. A KeyboardInterrupt
+          stop_now()                 # raised inside an orbax save printed ~80 lines of its
+        os.kill(os.getpid(), signum)  # threads' tracebacks at interpreter shutdown.
       return  # the other signal: the save is already on its way
     self.by = self.SIGNALS[signum]
     again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""

@@ -85,24 +85,31 @@ def _evaluation_record(step: int, training: Optional[data_lib.DatasetConfig],
   return {"step": step, "training_eval": what(training), "inference_eval": what(inference)}
 
 
-def _record_evaluation(model_dir: str, record: Mapping[str, Any]) -> None:
-  """Records a finished evaluation (process 0; written whole: tmp + replace, as config.gin)."""
+def _record_evaluation(model_dir: str, record: Mapping[str, Any],
+                       metrics: Mapping[str, float]) -> None:
+  """Records a finished evaluation and its metrics (process 0; written whole: tmp + replace, as
+  config.gin)."""
   if jax.process_index() == 0:
     directory = epath.Path(model_dir)
     tmp = directory / (EVALUATED_FILE + ".tmp")
-    tmp.write_text(json.dumps(record))
+    tmp.write_text(json.dumps({**record, "metrics": {k: float(v) for k, v in metrics.items()}}))
     tmp.replace(directory / EVALUATED_FILE)
 
 
-def _evaluation_recorded(model_dir: str, record: Mapping[str, Any]) -> bool:
-  """Whether MODEL_DIR/last_evaluation.json records `record`'s evaluation, on every process
-  (a missing or unreadable record: not recorded, the evaluation is redone)."""
+def _recorded_metrics(model_dir: str, record: Mapping[str, Any]) -> Optional[Dict[str, float]]:
+  """The metrics of `record`'s evaluation when MODEL_DIR/last_evaluation.json records it, on
+  every process, else None (a missing or unreadable record: not recorded, the evaluation is
+  redone; a record written before metrics were kept: {})."""
   path = epath.Path(model_dir) / EVALUATED_FILE
   try:
-    found = path.exists() and json.loads(path.read_text()) == dict(record)
+    data = json.loads(path.read_text()) if path.exists() else None
+    found = isinstance(data, dict) and {k: v for k, v in data.items()
+                                        if k != "metrics"} == dict(record)
   except Exception:  # pylint: disable=broad-except  (a garbled record: evaluate again)
     found = False
-  return _agreed_all(found)
+  if not _agreed_all(found):
+    return None
+  return dict(data.get("metrics") or {})
 
 
 def empty_batch(element_spec: Mapping[str, Any], rows: int) -> Dict[str, np.ndarray]:
@@ -159,7 +166,8 @@ def train(*, model_dir: str = gin.REQUIRED,
           eval_before_training: bool = False,
           infer_fn: Optional[Callable[..., Dict[str, float]]] = None,
           cache_representations: bool = True, num_data_shards: int = 1,
-          compile_ahead: bool = True, check_only: bool = False):
+          compile_ahead: bool = True, check_only: bool = False,
+          announce: Optional[Callable[[], None]] = None):
   """Trains the parameters matching TRAINABLE_REGEX; returns the final eval metrics.
 
   `infer_fn(run, dataset_cfg, model_dir, step) -> metrics` runs inference evaluation on
@@ -193,6 +201,11 @@ def train(*, model_dir: str = gin.REQUIRED,
   `check_only`: check the configured values (types, ranges, the method's spec, the optimizer)
   and return None: nothing is read, written or compiled (`sweep` checks each job so before any
   runs).
+
+  `announce()` is called once the quick checks have passed (TRAIN_STEPS against the restored
+  step, the datasets, the training data's first read), before the slow start (the backbone,
+  the compile): the CLI's "<task> for N steps into MODEL_DIR" line, so that a refusal up to
+  there is the only line.
   """
   startup = startup_lib.StartupTimer()
   model = model or run_setup.model_spec()
@@ -233,6 +246,8 @@ def train(*, model_dir: str = gin.REQUIRED,
       train_dataset_cfg, num_data_shards,
       data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size),
       data_lib.process_spans(data_sharding, train_dataset_cfg.batch_size))
+  if announce is not None:
+    announce()
   tx = optimizer.tx
   replicated = partitioning.replicated(mesh)
   # The step is built from the run's layout, before any weight is read, and compiled on a
@@ -299,8 +314,21 @@ def train(*, model_dir: str = gin.REQUIRED,
     results = _evaluate(step)
     # Both evaluations are written: a resume at `step` need not redo them.
     _record_evaluation(model_dir, _evaluation_record(step, train_eval_dataset_cfg,
-                                                     evaluated_infer_cfg))
+                                                     evaluated_infer_cfg), results)
     return results
+
+  def already_evaluated(step: int) -> Optional[Dict[str, float]]:
+    """The recorded metrics of `step`'s evaluation (of the same tasks and splits), logged as
+    not evaluated again; None when it was not recorded."""
+    recorded = _recorded_metrics(model_dir, _evaluation_record(step, train_eval_dataset_cfg,
+                                                               evaluated_infer_cfg))
+    if recorded is not None:
+      summaries.log("the evaluation of the restored step %d is already recorded (%s, in %s): "
+                    "not evaluated again", step, os.path.join(model_dir, EVALUATED_FILE),
+                    " and ".join(os.path.join(model_dir, d) for d, cfg in (
+                        (summaries.TRAINING_EVAL_DIR, train_eval_dataset_cfg),
+                        (summaries.INFERENCE_EVAL_DIR, evaluated_infer_cfg)) if cfg is not None))
+    return recorded
 
   def _evaluate(step: int):
     results = {}
@@ -337,14 +365,7 @@ def train(*, model_dir: str = gin.REQUIRED,
       # The run that saved `start` may have stopped (killed, preempted) before or during its
       # evaluation, which no later step would redo: evaluate it now, unless its evaluation (of the
       # same tasks and splits) finished and was recorded.
-      if _evaluation_recorded(model_dir, _evaluation_record(start, train_eval_dataset_cfg,
-                                                            evaluated_infer_cfg)):
-        summaries.log("the evaluation of the restored step %d is already recorded (%s, in %s): "
-                      "not evaluated again", start, os.path.join(model_dir, EVALUATED_FILE),
-                      " and ".join(os.path.join(model_dir, d) for d, cfg in (
-                          (summaries.TRAINING_EVAL_DIR, train_eval_dataset_cfg),
-                          (summaries.INFERENCE_EVAL_DIR, evaluated_infer_cfg)) if cfg is not None))
-      else:
+      if already_evaluated(start) is None:
         summaries.log("evaluating the restored step %d (its run may have stopped before its "
                       "evaluation finished)", start)
         evaluate(start)
@@ -403,8 +424,9 @@ def train(*, model_dir: str = gin.REQUIRED,
       if stop_after_step is not None and done == stop_after_step:
         break
     else:
-      if start >= total_steps:
-        final_metrics = evaluate(start)
+      if start >= total_steps:  # a finished run: its final evaluation, once
+        recorded = already_evaluated(start)
+        final_metrics = evaluate(start) if recorded is None else recorded
   finally:
     watch.uninstall()
   mngr.wait_until_finished()

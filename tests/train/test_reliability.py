@@ -13,6 +13,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -315,7 +316,7 @@ def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path, sig, co
 
 
 def test_ctrl_c_twice_stops_at_once_without_saving(tmp_path):
-  """The second Ctrl-C is Python's KeyboardInterrupt: no checkpoint, exit 130."""
+  """The second Ctrl-C stops at once: no checkpoint, one line, exit 130, no traceback."""
   d = str(tmp_path / "twice")
   proc = common.cli_subprocess(run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100"), timeout=300,
                                python_code=common.SIGNAL_AT_STEP.format(step=3, signal="SIGINT",
@@ -323,7 +324,22 @@ def test_ctrl_c_twice_stops_at_once_without_saving(tmp_path):
   assert proc.returncode == 130, proc.stdout[-3000:]
   assert "Ctrl-C again: stop now" in proc.stdout and "prompt-jax train: interrupted\n" in \
       proc.stdout, proc.stdout[-3000:]
+  assert proc.stdout.count("interrupted") == 1 and "Traceback" not in proc.stdout, \
+      proc.stdout[-3000:]
   assert checkpoint_steps(d) == []
+
+
+def test_ctrl_c_while_the_program_shuts_down_ends_it_quietly(tmp_path):
+  """A Ctrl-C after the command's work is done (JAX's and orbax's atexit handlers run; a second
+  Ctrl-C after an interrupted run saved) printed those handlers' tracebacks."""
+  code = ("import os, signal, sys\nfrom prompt_jax import cli\ncode = cli.console_main()\n"
+          "os.kill(os.getpid(), signal.SIGINT)\nprint('after the Ctrl-C')\nsys.exit(code)\n")
+  proc = subprocess.run([sys.executable, "-c", code, "tasks", "--filter", "glue_rte"],
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr
+  assert "glue_rte" in proc.stdout and "after the Ctrl-C" not in proc.stdout
+  assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
 
 
 def test_ctrl_c_ignored_by_the_parent_stays_ignored(tmp_path):

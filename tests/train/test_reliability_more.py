@@ -7,6 +7,8 @@ import os
 import shutil
 import signal
 
+import numpy as np
+
 import pytest
 
 from tests.train import common
@@ -228,6 +230,15 @@ def test_finished_evaluation_is_not_redone_on_resume(tmp_path):
   assert "training_eval step 2:" not in resumed.stdout
   assert resumed.stdout.count("training_eval step 4:") == 1
   assert _eval_steps(d) == [2, 4]
+  # The same command once more: the run is finished and its final evaluation recorded. It
+  # evaluated step 4 again (a second TensorBoard point); now it says the recorded metrics.
+  again = common.cli_subprocess(argv)
+  assert again.returncode == 0, again.stdout[-3000:]
+  assert "the evaluation of the restored step 4 is already recorded" in again.stdout
+  assert "training_eval step 4:" not in again.stdout
+  final = lambda out: next(l for l in out.splitlines() if l.startswith("final metrics: "))
+  assert final(again.stdout) == final(resumed.stdout)
+  assert _eval_steps(d) == [2, 4]
 
 
 def test_evaluation_record_names_the_step_and_what_was_evaluated(tmp_path):
@@ -241,16 +252,16 @@ def test_evaluation_record_names_the_step_and_what_was_evaluated(tmp_path):
   cfg = lambda name, split: types.SimpleNamespace(mixture_or_task_name=name, split=split)
   train_eval, infer_eval = cfg("task_a", "validation"), cfg("task_b", "validation")
   record = loop._evaluation_record(4, train_eval, infer_eval)
-  assert not loop._evaluation_recorded(d, record)  # no record yet
-  loop._record_evaluation(d, record)
+  assert loop._recorded_metrics(d, record) is None  # no record yet
+  loop._record_evaluation(d, record, {"training_eval/accuracy": np.float32(0.5)})
   assert os.listdir(d) == ["last_evaluation.json"]  # (no .tmp left)
-  assert loop._evaluation_recorded(d, record)
+  assert loop._recorded_metrics(d, record) == {"training_eval/accuracy": 0.5}
   for other in (loop._evaluation_record(2, train_eval, infer_eval),
                 loop._evaluation_record(4, cfg("task_c", "validation"), infer_eval),
                 loop._evaluation_record(4, train_eval, cfg("task_b", "test")),
                 loop._evaluation_record(4, train_eval, None),
                 loop._evaluation_record(4, None, infer_eval)):
-    assert not loop._evaluation_recorded(d, other), other
+    assert loop._recorded_metrics(d, other) is None, other
   with open(os.path.join(d, "last_evaluation.json"), "w") as f:
     f.write('{"step": 4, "train')  # cut short
-  assert not loop._evaluation_recorded(d, record)
+  assert loop._recorded_metrics(d, record) is None
