@@ -552,9 +552,9 @@ def _train(args) -> None:
   del args
   from prompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
   model_dir = _macro("MODEL_DIR")
-  from prompt_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   loop.train(check_only=True)  # a refused value is the only line, not after 'for abc steps'
   with checkpointing.run_lock(model_dir):  # one trainer per MODEL_DIR
     _print_final(loop.train(infer_fn=inference.evaluate, announce=lambda: _say(

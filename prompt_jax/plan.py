@@ -252,8 +252,8 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
   if needed > MAX_FAKE_DEVICES and not os.environ.get(_FAKE_DEVICES_ENV):
     from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
     raise ConfigError(f"--mesh={args.mesh} is {needed} devices; plan fakes at most "
-                      f"{MAX_FAKE_DEVICES} CPU devices (XLA's CPU backend takes no more): plan a slice "
-                      f"of it with the same per-device shapes, e.g. --mesh="
+                      f"{MAX_FAKE_DEVICES} CPU devices (XLA's CPU backend takes no more): plan "
+                      f"a slice of it with the same per-device shapes, e.g. --mesh="
                       f"{max(1, data * MAX_FAKE_DEVICES // needed)}x{model_parallel} and "
                       f"--batch scaled alike")
   if not os.environ.get(_FAKE_DEVICES_ENV):

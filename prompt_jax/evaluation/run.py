@@ -30,7 +30,7 @@ from prompt_jax.train import run_dir
 from prompt_jax.train import summaries
 
 EVAL_DIR = "eval"  # MODEL_DIR/eval/<task>-<split>-step<N>[-beam<K>].json (`result_label`)
-INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>.jsonl
+INFERENCE_DIR = "inference"  # MODEL_DIR/inference/<task>-<split>[-beam<K>].jsonl
 
 
 def checkpoint_params(path: str) -> Dict[str, np.ndarray]:

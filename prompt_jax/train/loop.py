@@ -109,7 +109,8 @@ def _recorded_metrics(model_dir: str, record: Mapping[str, Any]) -> Optional[Dic
     found = False
   if not _agreed_all(found):
     return None
-  return dict(data.get("metrics") or {})
+  metrics = data.get("metrics")
+  return dict(metrics) if isinstance(metrics, dict) else {}
 
 
 def empty_batch(element_spec: Mapping[str, Any], rows: int) -> Dict[str, np.ndarray]:
