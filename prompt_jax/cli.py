@@ -818,6 +818,10 @@ def _error(command: str, e: Exception, verbose: bool) -> int:
   if isinstance(e, RunError):
     return _fail(command, str(e).splitlines()[0], EXIT_FAILURE)
   oom = _out_of_memory(e)
+  if oom is not None and command == "plan":  # plan compiles on this host; its flags, not gin
+    return _fail(command, f"out of memory on this machine while planning ({oom}): plan "
+                 f"compiles the whole program here; lower --batch, --inputs, --targets or "
+                 f"--prompt_length", EXIT_FAILURE)
   if oom is not None:
     return _fail(command, f"out of memory ({oom}): lower BATCH_SIZE, TASK_FEATURE_LENGTHS or "
                  f"PROMPT_LENGTH; `prompt-jax plan` prints what a configuration needs per "

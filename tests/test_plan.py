@@ -172,3 +172,18 @@ def test_plan_refuses_more_fake_devices_than_xla_takes(capsys):
   assert err == ["prompt-jax plan: error: --mesh=1000x1000 is 1000000 devices; plan fakes at most "
                  "2048 CPU devices (XLA's CPU backend takes no more): plan a slice of it with "
                  "the same per-device shapes, e.g. --mesh=2x1000 and --batch scaled alike"], err
+
+
+def test_plan_out_of_host_memory_names_plans_own_flags(capsys, monkeypatch):
+  """`plan --inputs=100000000` ran out of host memory and was told to lower BATCH_SIZE and to run
+  `prompt-jax plan`: gin macros and the command it was, not plan's flags."""
+  def allocation(args):
+    raise MemoryError("Unable to allocate 35.5 PiB for an array with shape (100000100, 100000100)")
+
+  monkeypatch.setattr(plan, "plan", allocation)
+  code, out, err = _plan_cli(capsys, TINY)
+  assert code == 1 and not out, (out, err)
+  assert err == ["prompt-jax plan: error: out of memory on this machine while planning (Unable "
+                 "to allocate 35.5 PiB for an array with shape (100000100, 100000100)): plan "
+                 "compiles the whole program here; lower --batch, --inputs, --targets or "
+                 "--prompt_length"], err

@@ -279,6 +279,9 @@ def inspect_prompt(prompt: np.ndarray, table: np.ndarray, vocabulary, out_stem: 
     raise ConfigError(f"a prompt to inspect is a [P, H] matrix, got shape {prompt.shape}")
   if not np.all(np.isfinite(prompt)):
     raise ConfigError("the prompt has non-finite entries (NaN or inf): nothing to inspect")
+  if not np.any(prompt):  # every cosine 0: the neighbours would be arbitrary rows
+    raise ConfigError(f"the prompt [{prompt.shape[0]}, {prompt.shape[1]}] is all zeros: it has "
+                      f"no direction to compare with the vocabulary (was it trained?)")
   ids, cos = cosine_neighbours(prompt, table, top_k)
   s = singular_values(prompt)
   tol = rank_tolerance(s, prompt.shape)

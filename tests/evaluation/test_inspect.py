@@ -293,6 +293,16 @@ def test_an_empty_prompt_is_refused(tmp_path, shape):
   assert os.listdir(tmp_path) == ["p.npy"]
 
 
+def test_an_all_zero_prompt_is_refused(tmp_path):
+  """Every cosine is 0: it listed arbitrary rows as the nearest words, exit 0."""
+  path = tmp_path / "p.npy"
+  np.save(path, np.zeros((8, 64), np.float32))
+  code, out, err = run_cli(["inspect", f"--prompt={path}", "--gin_file=runs/embedded_default.gin"])
+  _assert_one_line(code, out, err, "the prompt [8, 64] is all zeros: it has no direction to "
+                                   "compare with the vocabulary (was it trained?)")
+  assert os.listdir(tmp_path) == ["p.npy"]
+
+
 def test_top_k_below_three_says_how_many_it_shows(tmp_path):
   """--top_k=1 showed one neighbour per position under a '(top 3 per position)' header."""
   table = checkpoints.load_array(_embedded_path(), "token_embedder/embedding")
