@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -425,6 +426,24 @@ def _check_structure(model_dir: str, step: int, abstract: Mapping[str, Any]) -> 
       raise ConfigError(
           f"checkpoint {step_dir(model_dir, step)} holds {path} of shape {saved[path]} but "
           f"this configuration has {want[path]}: {advice}")
+
+
+def check_resumable(model_dir: str, step: int, abstract_state: state_lib.TrainState,
+                    stream) -> None:
+  """ConfigError when checkpoint `step` was written for other parameter shapes, another
+  BATCH_SIZE or another data pipeline than this configuration's: what restoring it checks, read
+  from its metadata alone, so `train` refuses before its slow start. A checkpoint whose metadata
+  cannot be read is left to the restore (which quarantines it and tries an older one)."""
+  try:
+    _check_structure(model_dir, step, abstract_state.as_dict())
+  except CorruptCheckpoint:
+    return
+  try:
+    data = json.loads((epath.Path(step_dir(model_dir, step)) / "data" / "metadata").read_text())
+  except Exception:  # pylint: disable=broad-except  (unreadable: the restore decides)
+    return
+  if isinstance(data, dict):
+    _check_data_layout(model_dir, step, data, stream)
 
 
 def _some(paths: List[str], shown: int = 2) -> str:

@@ -203,10 +203,10 @@ def train(*, model_dir: str = gin.REQUIRED,
   and return None: nothing is read, written or compiled (`sweep` checks each job so before any
   runs).
 
-  `announce()` is called once the quick checks have passed (TRAIN_STEPS against the restored
-  step, the datasets, the training data's first read), before the slow start (the backbone,
-  the compile): the CLI's "<task> for N steps into MODEL_DIR" line, so that a refusal up to
-  there is the only line.
+  `announce()` is called once the quick checks have passed (TRAIN_STEPS, the parameters' shapes,
+  BATCH_SIZE and the data pipeline against the checkpoint to resume, the datasets, the training
+  data's first read), before the slow start (the backbone, the compile): the CLI's "<task> for
+  N steps into MODEL_DIR" line, so that a refusal up to there is the only line.
   """
   startup = startup_lib.StartupTimer()
   model = model or run_setup.model_spec()
@@ -247,8 +247,6 @@ def train(*, model_dir: str = gin.REQUIRED,
       train_dataset_cfg, num_data_shards,
       data_lib.process_rows(data_sharding, train_dataset_cfg.batch_size),
       data_lib.process_spans(data_sharding, train_dataset_cfg.batch_size))
-  if announce is not None:
-    announce()
   tx = optimizer.tx
   replicated = partitioning.replicated(mesh)
   # The step is built from the run's layout, before any weight is read, and compiled on a
@@ -257,13 +255,20 @@ def train(*, model_dir: str = gin.REQUIRED,
       config=model.config, prompt=model.prompt,
       feature_lengths=train_dataset_cfg.task_feature_lengths,
       trainable_regex=model.trainable_regex, mesh=mesh, frozen_dtype=model.frozen_dtype)
+  # Before the slow start (the backbone, the compile), from metadata alone: the errors prepare
+  # would raise (a vocabulary or INITIAL_CHECKPOINT_PATH of another model), then what the
+  # newest checkpoint was written with.
+  run_setup.check_sources(model.config, vocabulary, initial_checkpoint_path)
+  if found:
+    checkpointing.check_resumable(model_dir, found[0], state_lib.abstract_state(
+        planned.trainable, state_lib.shardings_of(planned.trainable), tx, mesh), stream)
+  if announce is not None:
+    announce()
   batch_shapes = stream.batch_shapes()  # None: batches of several shapes (length buckets)
   reads_representations = (cache_representations and model.prompt is not None
                            and model.prompt.representation_pooling is not None)
   if not compile_ahead or reads_representations:  # (the cache adds a feature to the batch)
     batch_shapes = None
-  if batch_shapes is not None:  # errors prepare would raise, before compiling
-    run_setup.check_sources(model.config, vocabulary, initial_checkpoint_path)
   step_fn, ahead = state_lib.step_compiled_ahead(
       run_setup.step_model(model.config, model.prompt, vocabulary), tx, planned.trainable,
       planned.frozen, mesh, batch_shapes, z_loss=z_loss,

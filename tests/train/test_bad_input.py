@@ -285,7 +285,7 @@ CASES = [
          "PROMPT_LENGTH must be >= 0, got -3"),  # prefixes in the layers alone take 0
     Case("more_class_labels_than_prompt_tokens", lambda c: train(
         c, "--gin_file=prompts/from_class_labels.gin", "--gin.PROMPT_LENGTH=2",
-        "--gin.CLASS_LABELS=['a', 'b', 'c']"), "class labels do not fit"),
+        "--gin.CLASS_LABELS=['a', 'b', 'c']"), "class labels do not fit", model_dir="fresh"),
     # --- data ---
     Case("training_split_without_rows", lambda c: train(
         c, "--gin.MIXTURE_OR_TASK_NAME='test_no_rows'"),
@@ -337,6 +337,8 @@ CASES = [
          "was written for another optimizer: this configuration has opt_state/"),
     Case("resume_with_another_batch_size", lambda c: train(c, "--gin.BATCH_SIZE=4"),
          "was written with BATCH_SIZE=8"),
+    Case("resume_with_another_seed", lambda c: train(c, "--gin.RANDOM_SEED=3"),
+         "the data pipeline differs from the one checkpoint"),
     Case("train_steps_below_the_checkpoint", lambda c: train(c, steps=1),
          "TRAIN_STEPS=1 is below the step 2"),
     Case("eval_without_checkpoint", lambda c: [
@@ -455,14 +457,17 @@ def test_bad_input(case, results):
   assert ": error: " in lines[0] and case.expect in lines[0], output
   assert "Traceback" not in proc.stderr + proc.stdout, output
   assert after == before, "a failed run changed what was there before"
-  if case.id.startswith(VALUE_CASES):  # refused before train announced 'for abc steps into ...'
-    assert " steps into " not in proc.stdout, output
+  if case.id.startswith(VALUE_CASES + RESUME_CASES):  # refused before train announced 'for abc
+    assert " steps into " not in proc.stdout, output  # steps into ...': the one line
 
 
 # Values `loop.train(check_only=True)` refuses: before `train` says what it is about to run.
 VALUE_CASES = ("wrong_value_type", "learning_rate_", "batch_size_zero", "keep_no_checkpoints",
                "checkpoint_period_zero", "stats_period_zero", "prompt_length_",
                "loss_normalizing_factor_")
+# What the checkpoint to resume was written with (its metadata), checked before the backbone
+# is read: a changed PROMPT_LENGTH or BATCH_SIZE printed the 'for N steps into' line first.
+RESUME_CASES = ("resume_with_", "train_steps_below")
 
 
 def test_verbose_adds_the_traceback(tmp_path):
