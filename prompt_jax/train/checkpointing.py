@@ -78,9 +78,9 @@ def run_lock(model_dir: str):
 
   An exclusive, non-blocking flock of MODEL_DIR/.train.lock, by process 0 (the one that writes
   checkpoints); the kernel releases it when the process ends, however it ends (kill -9
-  included). The file stays, empty, so a refused command changes nothing in MODEL_DIR. A
-  MODEL_DIR this call created and nothing else wrote is removed again. Remote paths (gs://) are
-  not locked."""
+  included). The file stays, empty, after a run; a command that fails removes the file it
+  created, so it changes nothing in a MODEL_DIR that had none, and a MODEL_DIR this call created
+  and nothing else wrote is removed again. Remote paths (gs://) are not locked."""
   if "://" in model_dir or jax.process_index() != 0:
     yield
     return
@@ -88,10 +88,13 @@ def run_lock(model_dir: str):
   created = not os.path.exists(model_dir)
   os.makedirs(model_dir, exist_ok=True)
   path = os.path.join(model_dir, LOCK_FILE)
+  new_file = not os.path.exists(path)
   fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+  locked = failed = False
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      locked = True
     except OSError as e:
       if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
         raise
@@ -99,9 +102,16 @@ def run_lock(model_dir: str):
                         f"holds {path}); wait for it to finish or stop it, or choose another "
                         f"MODEL_DIR") from None
     yield
+  except BaseException:
+    failed = True
+    raise
   finally:
+    # A run that failed leaves MODEL_DIR as it found it: the lock file goes if it was ours
+    # (a run trained before the lock, or by loop.train alone, had none).
+    if locked and failed and new_file:
+      os.remove(path)
     os.close(fd)
-    if created and os.listdir(model_dir) == [LOCK_FILE]:  # refused before anything was written
+    if created and os.listdir(model_dir) in ([], [LOCK_FILE]):  # refused before writing
       shutil.rmtree(model_dir, ignore_errors=True)
 
 
