@@ -370,7 +370,8 @@ def check_required(command: str, layers=None) -> None:
       raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
                    f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin "
                    f"file)")
-    if command in ("describe", "inspect") and not _binds_a_model():
+    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+    if command in ("describe", "inspect") and not layering.is_bound(layering.BINDS_A_MODEL):
       raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
                    f"run's directory, or name a model file (--gin_file=models/t5_1_1_base.gin)")
   check_macro_typos(READ_MACROS.get(command, ()))
@@ -405,16 +406,6 @@ def check_job(command: str) -> None:
   if command == "train":
     from prompt_jax.train import loop  # pylint: disable=g-import-not-at-top
     loop.train(check_only=True)
-
-
-def _binds_a_model() -> bool:
-  """Whether some gin file bound the backbone (a models/*.gin file binds its preset)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    gin.query_parameter("prompt_jax.t5_config.preset")
-    return True
-  except ValueError:
-    return False
 
 
 def _referenced_macros() -> set:

@@ -119,6 +119,18 @@ def _binding_syntax(e: SyntaxError) -> Optional[str]:
   return message
 
 
+def is_bound(selector: str) -> bool:
+  """Whether the parsed gin config binds `selector` (`configurable.parameter`, or `%MACRO`)."""
+  try:
+    _gin().query_parameter(selector)
+    return True
+  except ValueError:
+    return False
+
+
+BINDS_A_MODEL = "prompt_jax.t5_config.preset"  # what a models/*.gin file binds
+
+
 def _bound_number(name: str) -> Optional[float]:
   """The number `name` (a macro, or configurable.parameter) is bound to so far (a packaged
   default), or None when it is unbound or not a number."""

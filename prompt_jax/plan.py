@@ -121,14 +121,13 @@ def _config(args):
       raise ConfigError(f"{where}: gin: a bracket or string opened is never closed") from e
     except (ValueError, KeyError, SyntaxError) as e:
       raise ConfigError(f"{where}: gin: {layering.first_line(e)}") from e
-    try:
-      gin.query_parameter("prompt_jax.t5_config.preset")
-    except ValueError:
-      raise ConfigError(f"{where} binds no model (no prompt_jax.t5_config.preset, as a "
-                        f"models/*.gin file binds): {give}") from None
+    if not layering.is_bound(layering.BINDS_A_MODEL):
+      raise ConfigError(f"{where} binds no model (no {layering.BINDS_A_MODEL}, as a "
+                        f"models/*.gin file binds): {give}")
     # A run file (it includes a model) sets what plan takes from its own flags: its values
     # would not be planned, plan's defaults would, under the run's name.
-    run_values = [f"{name} (--{flag})" for name, flag in _RUN_MACROS if _bound(f"%{name}")]
+    run_values = [f"{name} (--{flag})" for name, flag in _RUN_MACROS
+                  if layering.is_bound(f"%{name}")]
     if run_values:
       raise ConfigError(f"{where} is a run's file: it sets {', '.join(run_values)}, which plan "
                         f"takes from its flags; give the models/*.gin file it includes and "
@@ -140,15 +139,6 @@ def _config(args):
 
 _RUN_MACROS = (("BATCH_SIZE", "batch"), ("TASK_FEATURE_LENGTHS", "inputs, --targets"),
                ("PROMPT_LENGTH", "prompt_length"))
-
-
-def _bound(selector: str) -> bool:
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    gin.query_parameter(selector)
-    return True
-  except ValueError:
-    return False
 
 
 def plan(args) -> Dict[str, float]:

@@ -8,7 +8,8 @@ vocabulary (prompts/recycling.py), writing each recycled prompt as `.npy` and th
 
 --source / --target: a checkpoint `checkpoints.load` reads (t5x or HF) or a `.npy` [V, H]
 embedding table. Writes OUTPUT_DIR/<method>.npy ([P, H_target] float32) for each --methods entry
-and OUTPUT_DIR/recycle.json ({method: {"fit_error", "path", "shape"}, "rows": [first, last]}).
+and OUTPUT_DIR/recycle.json ({method: {"fit_error", "path", "shape"}, "rows": [first, last],
+"prompt", "source", "target"}). Files recycled from other inputs are never replaced.
 """
 import argparse
 import json
@@ -80,6 +81,35 @@ def _check_vocabularies(source: Optional[str], target: Optional[str]) -> None:
                         f"recycling needs two models that share one vocabulary")
 
 
+def _where(path: str) -> str:
+  return path if "://" in path else os.path.abspath(path)
+
+
+def _previous(output_dir: str, paths: Sequence[str], inputs: dict) -> dict:
+  """The recycle.json to write: `inputs`, over the entries of OUTPUT_DIR's recycle.json when it
+  records the same inputs (a rerun, e.g. with more --methods, whose files it replaces with the
+  same values). Any other file in the way is refused: recycle never replaces a prompt recycled
+  from other inputs (or a file of the user's own)."""
+  record = os.path.join(output_dir, RECORD)
+  in_the_way = [p for p in (*paths, record) if os.path.exists(p)]
+  if not in_the_way:
+    return dict(inputs)
+  try:
+    with open(record) as f:
+      previous = json.load(f)
+  except (OSError, ValueError):
+    previous = None
+  if isinstance(previous, dict) and all(previous.get(k) == v for k, v in inputs.items()):
+    return previous
+  why = (f"of another recycle ({RECORD} records other --prompt/--source/--target/--num_words/"
+         f"--word_offset)" if isinstance(previous, dict) else "that recycle did not write")
+  raise ConfigError(f"--output_dir {output_dir} already holds {os.path.basename(in_the_way[0])} "
+                    f"{why}; recycle never replaces it: pass another --output_dir")
+
+
+RECORD = "recycle.json"
+
+
 def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Sequence[str],
         num_words: int = recycling.DEFAULT_NUM_WORDS,
         word_offset: int = recycling.DEFAULT_WORD_OFFSET, source_vocabulary=None,
@@ -103,8 +133,11 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     raise ConfigError(str(e)) from e
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ConfigError(f"--output_dir {output_dir} is a file; pass a directory (it is created)")
+  paths = {method: os.path.join(output_dir, f"{method}.npy") for method in methods}
+  inputs = {"rows": [int(rows[0]), int(rows[-1])], "prompt": os.path.abspath(prompt_path),
+            "source": _where(source), "target": _where(target)}
+  report = _previous(output_dir, list(paths.values()), inputs)
   errors.make_dirs(output_dir, f"--output_dir {output_dir}")
-  report = {"rows": [int(rows[0]), int(rows[-1])], "prompt": os.path.abspath(prompt_path)}
   # Every method is fitted before anything is written: a failing or interrupted fit leaves
   # OUTPUT_DIR as it was (not new .npy files beside an older recycle.json).
   fitted = []
@@ -112,18 +145,17 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
     start = time.time()
     fitted.append((method, recycling.recycle(prompt, source_table, target_table, method, rows),
                    time.time() - start))
-  paths = {method: os.path.join(output_dir, f"{method}.npy") for method, _, _ in fitted}
   npy.save_all({paths[method]: out.prompt for method, out, _ in fitted})  # all or none
   for method, out, seconds in fitted:
     path = paths[method]
     report[method] = {"fit_error": out.fit_error, "path": os.path.abspath(path),
                       "shape": list(out.prompt.shape)}
     say(f"{method:<20} fit error {out.fit_error:.6g}  ({seconds:.1f}s) -> {path}")
-  with open(os.path.join(output_dir, "recycle.json.tmp"), "w") as f:
+  record = os.path.join(output_dir, RECORD)
+  with open(record + ".tmp", "w") as f:
     json.dump(report, f, indent=2)
-  os.replace(os.path.join(output_dir, "recycle.json.tmp"), os.path.join(output_dir,
-                                                                        "recycle.json"))
-  say(f"recycled prompts and fit errors in {os.path.abspath(output_dir)} (recycle.json)")
+  os.replace(record + ".tmp", record)
+  say(f"recycled prompts and fit errors in {os.path.abspath(output_dir)} ({RECORD})")
   return report
 
 

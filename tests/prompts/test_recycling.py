@@ -207,23 +207,16 @@ def _contents(out_dir) -> dict:
   return {p: (out_dir / p).read_bytes() for p in os.listdir(out_dir)}
 
 
-def _an_earlier_recycle(models, name: str, methods: str):
-  """Recycles `methods` onto the unrelated target into root/<name>; returns (a function running
-  the same into the same OUTPUT_DIR onto the mapped target, OUTPUT_DIR, its contents now)."""
+def _argv(models, name: str, methods: str, target: str = "mapped"):
   root, paths, _, _, _ = models
-  out_dir = root / name
-  argv = [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
-          f"--output_dir={out_dir}", "--num_words=80", "--word_offset=10", f"--methods={methods}"]
-  assert _cli(argv + [f"--target={paths['unrelated']}"])[0] == 0
-  return lambda: _cli(argv + [f"--target={paths['mapped']}"]), out_dir, _contents(out_dir)
+  return [f"--prompt={root / 'prompt.npy'}", f"--source={paths['source']}",
+          f"--target={paths[target]}", f"--output_dir={root / name}", "--num_words=80",
+          "--word_offset=10", f"--methods={methods}"]
 
 
-def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
-  """A recycle run into an OUTPUT_DIR holding an earlier one, stopped by its second method
-  (Ctrl-C during the MLP's fit): the first method's .npy used to replace the earlier one's while
-  the earlier recycle.json stayed, describing other prompts. Nothing is written now."""
-  rerun, out_dir, before = _an_earlier_recycle(models, "out_interrupted",
-                                               "vec2vec_linear,vec2vec_mlp")
+def test_a_failing_method_writes_nothing(models, monkeypatch):
+  """A recycle run stopped by its second method (Ctrl-C during the MLP's fit) used to leave the
+  first method's .npy without a recycle.json describing it. Nothing is written now."""
   real = recycling.recycle
 
   def interrupted(prompt, source, target, method, rows):
@@ -232,18 +225,44 @@ def test_a_failing_method_leaves_the_output_dir_as_it_was(models, monkeypatch):
     return real(prompt, source, target, method, rows)
 
   monkeypatch.setattr(recycling, "recycle", interrupted)
-  code, _, err = rerun()
+  code, _, err = _cli(_argv(models, "out_interrupted", "vec2vec_linear,vec2vec_mlp"))
   assert code == 130 and "interrupted" in err, (code, err)
-  assert _contents(out_dir) == before
+  assert _contents(models[0] / "out_interrupted") == {}
 
 
-def test_a_failed_write_leaves_the_output_dir_as_it_was(models, monkeypatch):
+def test_a_failed_write_writes_nothing(models, monkeypatch):
   """The write of the second method's .npy failing (a full disk) used to leave the first
-  method's new prompt beside the earlier second one and the earlier recycle.json."""
-  rerun, out_dir, before = _an_earlier_recycle(models, "out_disk_full",
-                                               "vec2vec_linear,linear_combination")
+  method's prompt without a recycle.json."""
   saved = common.fill_the_disk_after_one_save(monkeypatch)
-  code, _, err = rerun()
+  code, _, err = _cli(_argv(models, "out_disk_full", "vec2vec_linear,linear_combination"))
   assert code == 1 and "No space left on device); nothing was replaced" in err, (code, err)
   assert len(saved) == 1
+  assert _contents(models[0] / "out_disk_full") == {}
+
+
+def test_an_output_dir_of_another_recycle_is_refused(models):
+  """A second recycle into the same OUTPUT_DIR from other inputs (here another --target) used to
+  replace the first one's prompts. It is refused in one line, before any fit; the same inputs
+  again (e.g. with one more method) add to the directory and its recycle.json."""
+  out_dir = models[0] / "out_twice"
+  assert _cli(_argv(models, "out_twice", "vec2vec_linear"))[0] == 0
+  before = _contents(out_dir)
+  code, _, err = _cli(_argv(models, "out_twice", "vec2vec_linear", target="unrelated"))
+  assert code == 2 and _one_error_line(err) == (
+      f"prompt-jax recycle: error: --output_dir {out_dir} already holds vec2vec_linear.npy of another recycle (recycle.json "
+      f"records other --prompt/--source/--target/--num_words/--word_offset); recycle never "
+      f"replaces it: pass another --output_dir"), err
   assert _contents(out_dir) == before
+  # A file of the user's own in the way, with no recycle.json, is refused as well.
+  mine = models[0] / "out_mine"
+  mine.mkdir()
+  (mine / "linear_combination.npy").write_bytes(b"mine")
+  code, _, err = _cli(_argv(models, "out_mine", "linear_combination"))
+  assert code == 2 and "holds linear_combination.npy that recycle did not write" in err, err
+  assert (mine / "linear_combination.npy").read_bytes() == b"mine"
+  # The same inputs with one more method: both in recycle.json, the first file the same.
+  code, _, err = _cli(_argv(models, "out_twice", "vec2vec_linear,linear_combination"))
+  assert code == 0, err
+  report = json.loads((out_dir / "recycle.json").read_text())
+  assert {"vec2vec_linear", "linear_combination"} <= set(report)
+  assert (out_dir / "vec2vec_linear.npy").read_bytes() == before["vec2vec_linear.npy"]
