@@ -243,6 +243,14 @@ def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
             and not any(os.path.exists(os.path.join(d, f)) for d in user_dirs))
 
   packaged = [f for f in gin_files if is_packaged(f)]
+  for f in packaged:
+    if f.replace(os.sep, "/").startswith("t5x/runs/"):  # they wire t5x's own binaries' scripts
+      own_run = f[len("t5x/"):]
+      raise ConfigError(
+          f"gin file {f} is for t5x's binaries (python -m t5x.train / eval / infer); prompt-jax "
+          f"takes its own run files: "
+          + (f"--gin_file={own_run}" if os.path.exists(os.path.join(gin_dir, own_run))
+             else "runs/*.gin"))
   own = [f for f in gin_files if f not in packaged]
   packaged.sort(key=_rank)  # stable: same-kind files keep their order
   for f in packaged + own:

@@ -212,3 +212,20 @@ def test_a_gin_flag_without_a_value_is_one_line(tmp_path, monkeypatch, capsys, f
   captured = capsys.readouterr()
   assert captured.err == f"prompt-jax train: error: {line}\n"
   assert captured.out == "" and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("command,gin_file,instead", [
+    ("eval", "t5x/runs/embedded_default.gin", "--gin_file=runs/embedded_default.gin"),
+    ("train", "t5x/runs/prompt_finetune.gin", "--gin_file=runs/prompt_finetune.gin"),
+])
+def test_a_t5x_run_file_is_one_line_naming_prompt_jax_s_own(tmp_path, monkeypatch, capsys,
+                                                            command, gin_file, instead):
+  """`prompt-jax eval --gin_file=t5x/runs/embedded_default.gin` (a t5x user's run file) was
+  "error: AttributeError: Couldn't resolve selector train_script.train", exit 1."""
+  monkeypatch.chdir(tmp_path)
+  assert cli.main([command, f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{tmp_path}/m'"]) == 2
+  captured = capsys.readouterr()
+  assert captured.err == (f"prompt-jax {command}: error: gin file {gin_file} is for t5x's "
+                          f"binaries (python -m t5x.train / eval / infer); prompt-jax takes its "
+                          f"own run files: {instead}\n"), captured.err
+  assert os.listdir(tmp_path) == []

@@ -24,39 +24,41 @@ INSTALL_HINT = (
     "pip install \"t5x @ git+https://github.com/google-research/t5x\" (or put its sources on "
     "PYTHONPATH)")
 
-try:
-  import t5x  # pylint: disable=unused-import
-  from t5x import models as _t5x_models  # pylint: disable=unused-import
-  _MISSING = None
-except ImportError as e:  # t5x or one of the packages it imports is missing
-  _MISSING = f"{INSTALL_HINT} ({e})"
-
-
 def require_t5x() -> None:
-  """The install hint as an ImportError when t5x cannot be imported. Called by the modules that
-  need t5x (models.py, optim.py); `python -m prompt_jax.t5x gin_dir` needs none of it."""
-  if _MISSING:
-    raise ImportError(_MISSING)
+  """The install hint as an ImportError when t5x cannot be imported; then registers prompt_jax's
+  gin configurables (`register`). Called on import by the modules gin/t5x files import
+  (models.py, network.py, optim.py); `python -m prompt_jax.t5x gin_dir` imports none of them, so
+  it needs nothing of t5x and starts no TensorFlow."""
+  try:
+    import t5x  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+    from t5x import models as _t5x_models  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:  # t5x or one of the packages it imports is missing
+    raise ImportError(f"{INSTALL_HINT} ({e})") from None
+  register()
+
+
+def register() -> None:
+  """Imports what registers the gin configurables prompt_jax's own gin files name (methods,
+  initialisers, the backbone, the shipped checkpoint, `prompt_jax.train.optimizer` in method
+  files) and prompt_jax's seqio tasks: t5x imports MIXTURE_OR_TASK_MODULE after parsing gin and
+  refuses a module that registers gin configurables then, so they register here, before."""
+  # pylint: disable=g-import-not-at-top,unused-import
+  import prompt_jax.embedded
+  import prompt_jax.embedded.task
+  import prompt_jax.run_setup
+  import prompt_jax.tasks
+  import prompt_jax.train.loop
 
 
 __all__ = ["INSTALL_HINT", "PromptEncoderDecoderModel", "prompt_network", "logical_axis_rules",
            "trainable_traversal"]
+_WHERE = {"PromptEncoderDecoderModel": "models", "prompt_network": "network",
+          "logical_axis_rules": "optim", "trainable_traversal": "optim"}
 
-if _MISSING:
-  def __getattr__(name):  # `from prompt_jax.t5x import PromptEncoderDecoderModel`: the hint
-    if name in __all__:
-      require_t5x()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-else:
-  # The gin configurables prompt_jax's own gin files name (methods, initialisers, the backbone,
-  # the shipped checkpoint, `prompt_jax.train.optimizer` in method files): registered on import.
-  import prompt_jax.embedded  # pylint: disable=g-import-not-at-top,unused-import
-  import prompt_jax.run_setup  # pylint: disable=g-import-not-at-top,unused-import
-  import prompt_jax.train.loop  # pylint: disable=g-import-not-at-top,unused-import
-  # t5x imports MIXTURE_OR_TASK_MODULE after parsing gin and refuses a module that registers gin
-  # configurables then: prompt_jax's task modules are imported (and register) here, before.
-  import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
-  import prompt_jax.tasks  # pylint: disable=g-import-not-at-top,unused-import
-  from prompt_jax.t5x.models import PromptEncoderDecoderModel  # pylint: disable=g-import-not-at-top
-  from prompt_jax.t5x.network import prompt_network  # pylint: disable=g-import-not-at-top
-  from prompt_jax.t5x.optim import logical_axis_rules, trainable_traversal  # pylint: disable=g-import-not-at-top
+
+def __getattr__(name):  # `from prompt_jax.t5x import PromptEncoderDecoderModel` (or the hint)
+  if name in _WHERE:
+    import importlib  # pylint: disable=g-import-not-at-top
+    require_t5x()
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,15 +22,21 @@ gin/prompts/<method>.gin), the backbone `prompt_jax.t5_config` (gin/models/<size
 """
 import functools
 import logging
-from typing import Any, Mapping, Optional
+import os
+import re
+from typing import Any, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
 from prompt_jax import checkpoints
+from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax.checkpoints import t5x_legacy  # pylint: disable=unused-import
 from prompt_jax.errors import ConfigError
 from prompt_jax.models import T5
+from prompt_jax.t5x import register
+
+register()  # gin/t5x/models/prompt.gin imports this module: the configurables it names
 
 
 def task_inputs_length(task_feature_lengths: Optional[Mapping[str, int]] = None
@@ -50,9 +56,23 @@ def _checked_embedding(path: str, config) -> np.ndarray:
   try:
     return checkpoints.load_array(path, "token_embedder/embedding", np.float32, config=config)
   except checkpoints.CheckpointError as e:
-    raise ConfigError(f"INITIAL_CHECKPOINT_PATH: {e}") from e
+    raise ConfigError(f"{_path_macro()}: {e}") from e
   except (OSError, ValueError) as e:
-    raise ConfigError(f"INITIAL_CHECKPOINT_PATH {path!r} cannot be read: {e}") from e
+    raise ConfigError(f"{_path_macro()} {path!r} cannot be read: {e}") from e
+
+
+def _path_macro() -> str:
+  """The macro the user set: CHECKPOINT_PATH under t5x/runs/prompt_{eval,infer}.gin (which bind
+  INITIAL_CHECKPOINT_PATH = %CHECKPOINT_PATH), else INITIAL_CHECKPOINT_PATH."""
+  try:
+    import gin  # pylint: disable=g-import-not-at-top
+    value = gin.query_parameter("%INITIAL_CHECKPOINT_PATH")
+  except Exception:  # pylint: disable=broad-except
+    return "INITIAL_CHECKPOINT_PATH"
+  if (isinstance(value, gin.config.ConfigurableReference)
+      and value.configurable.selector == "gin.macro"):
+    return value.scoped_selector.split("/")[0]
+  return "INITIAL_CHECKPOINT_PATH"
 
 
 def prompt_network(spec: Optional[run_setup.ModelSpec] = None,
@@ -69,6 +89,7 @@ def prompt_network(spec: Optional[run_setup.ModelSpec] = None,
   prompt off the first P input tokens: P <= inputs length): one ConfigError, as prompt-jax
   train gives.
   """
+  check_gin_file_order()
   spec = spec if spec is not None else run_setup.model_spec()
   embedding = None
   if initial_checkpoint_path:
@@ -79,3 +100,70 @@ def prompt_network(spec: Optional[run_setup.ModelSpec] = None,
   if spec.prompt is not None and inputs_length is not None:
     spec.prompt.check_fits(int(inputs_length))
   return run_setup.build_model(spec.config, spec.prompt, embedding, vocabulary)
+
+
+_METHOD_DEFAULTS = "t5x/models/method_defaults.gin"  # every t5x/models/*_prompt.gin includes it
+
+
+def check_gin_file_order() -> None:
+  """A t5x/prompts/<method>.gin given (--gin_file) before a file that includes a model file
+  (t5x/models/*_prompt.gin, t5x/runs/embedded_default.gin) is one ConfigError: the model file
+  binds the default method again (prompt tuning, P=100), and in gin the later file wins, so the
+  run would silently train plain prompt tuning."""
+  try:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    given = list(flags.FLAGS["gin_file"].value or []) if flags.FLAGS.is_parsed() else []
+  except (ImportError, KeyError):  # not under a t5x binary
+    return
+  error = gin_file_order_error(given, _search_paths())
+  if error:
+    raise ConfigError(error)
+
+
+def _search_paths() -> List[str]:
+  from gin import config as gin_config  # pylint: disable=g-import-not-at-top
+  return list(gin_config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+
+
+def gin_file_order_error(gin_files: Sequence[str], search_paths: Sequence[str]) -> Optional[str]:
+  """The error `check_gin_file_order` raises for these --gin_file values, or None."""
+  closures = [_packaged_includes(f, search_paths) for f in gin_files]
+  for i, earlier in enumerate(closures):
+    methods = sorted(f for f in earlier if f.startswith("t5x/prompts/"))
+    if not methods:
+      continue
+    for j in range(i + 1, len(gin_files)):
+      if _METHOD_DEFAULTS in closures[j]:
+        return (f"--gin_file={gin_files[i]} comes before --gin_file={gin_files[j]}, which "
+                f"includes a model file and with it the default method (prompt tuning, "
+                f"PROMPT_LENGTH=100): in gin the later file wins, so {methods[0]} would be "
+                f"ignored; give it after {gin_files[j]}")
+  return None
+
+
+def _packaged_includes(name: str, search_paths: Sequence[str]) -> Set[str]:
+  """The packaged gin files (relative to gin_dir) that the file `name` is or includes, at any
+  depth; files gin cannot find are left to gin's own error."""
+  root = os.path.realpath(paths.gin_dir())
+  found: Set[str] = set()
+  seen: Set[str] = set()
+
+  def visit(name: str) -> None:
+    path = next((p for p in [name] + [os.path.join(d, name) for d in search_paths]
+                 if os.path.isfile(p)), None)
+    if path is None or os.path.realpath(path) in seen:
+      return
+    seen.add(os.path.realpath(path))
+    relative = os.path.relpath(os.path.realpath(path), root)
+    if not relative.startswith(".."):
+      found.add(relative)
+    try:
+      with open(path) as f:
+        text = f.read()
+    except OSError:
+      return
+    for included in re.findall(r"^\s*include\s+['\"]([^'\"]+)['\"]", text, re.M):
+      visit(included)
+
+  visit(name)
+  return found

@@ -111,9 +111,11 @@ def state_dir(checkpoint_path: str) -> str:
     steps = sorted(int(p.name) for p in parent.iterdir() if p.name.isdigit()
                    and (p / "state").is_dir()) if parent.is_dir() else []
     there = f" (the steps in {parent}: {', '.join(map(str, steps))})" if steps else ""
-    raise ConfigError(f"CHECKPOINT_PATH {checkpoint_path!r} is not a prompt_jax checkpoint "
-                      f"(no {state}): name a MODEL_DIR/checkpoints/<step> directory{there}, or "
-                      f"leave CHECKPOINT_PATH out for the run's latest")
+    what = ("does not exist" if not epath.Path(path).exists()
+            else f"is not a prompt_jax checkpoint (no {state})")
+    raise ConfigError(f"CHECKPOINT_PATH {checkpoint_path!r} {what}: name a "
+                      f"MODEL_DIR/checkpoints/<step> directory{there}, a t5x checkpoint_<step> "
+                      f"directory, or leave CHECKPOINT_PATH out for the run's latest")
   return state
 
 

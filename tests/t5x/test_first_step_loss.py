@@ -19,7 +19,6 @@ SCRIPT = r'''
 import json, sys
 import gin, jax, jax.numpy as jnp, numpy as np
 from t5x import gin_utils
-import prompt_jax.t5x  # registers prompt_jax's gin names
 from prompt_jax import checkpoints, run_setup, trees
 from prompt_jax.embedded import task as embedded_task
 from prompt_jax.t5x import models as t5x_models

@@ -126,10 +126,11 @@ def test_frozen_arrays_bitwise_and_only_the_prompt_has_optimizer_state(t5x_run):
 
 
 def _t5x_eval_accuracy(tmp_path, checkpoint, *extra, method_files=()):
-  """`method_files` go between the model's file and the run's, as README's t5x.eval does."""
+  """`method_files` go after the model's file and the run's, as README's t5x.eval does."""
   out = str(tmp_path / "t5x_eval")
-  common.run_t5x("eval", ["--gin_file=t5x/models/embedded_tiny_prompt.gin", *method_files,
-                          "--gin_file=t5x/runs/prompt_eval.gin", *EMBEDDED_FLAGS, *extra,
+  common.run_t5x("eval", ["--gin_file=t5x/models/embedded_tiny_prompt.gin",
+                          "--gin_file=t5x/runs/prompt_eval.gin", *method_files,
+                          *EMBEDDED_FLAGS, *extra,
                           f"--gin.CHECKPOINT_PATH='{checkpoint}'",
                           f"--gin.EVAL_OUTPUT_DIR='{out}'"])
   rows = [json.loads(l) for l in open(glob.glob(

@@ -347,12 +347,13 @@ CASES = [
     Case("infer_checkpoint_path_not_a_checkpoint", lambda c: [
         "infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.path()}'", *EVAL_FLAGS],
-         "/state): name a MODEL_DIR/checkpoints/<step> directory, or leave CHECKPOINT_PATH out "
-         "for the run's latest", model_dir="fresh"),
+         "/state): name a MODEL_DIR/checkpoints/<step> directory, a t5x checkpoint_<step> "
+         "directory, or leave CHECKPOINT_PATH out for the run's latest", model_dir="fresh"),
     Case("eval_checkpoint_path_of_a_step_not_saved", lambda c: [
         "eval", f"--gin.MODEL_DIR='{c.model_dir}'",
         f"--gin.CHECKPOINT_PATH='{c.model_dir}/checkpoints/7'"],
-         "/checkpoints/7/state): name a MODEL_DIR/checkpoints/<step> directory (the steps in "),
+         "/checkpoints/7' does not exist: name a MODEL_DIR/checkpoints/<step> directory (the "
+         "steps in "),
     Case("eval_checkpoint_path_of_another_prompt_length", lambda c: [
         "eval", f"--gin.MODEL_DIR='{c.model_dir}'", *EVAL_FLAGS, "--gin.PROMPT_LENGTH=4",
         f"--gin.CHECKPOINT_PATH='{c.previous}/checkpoints/2'"],  # named only the shape wanted
