@@ -701,7 +701,7 @@ def console_main() -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
+  argv = _command_first(list(sys.argv[1:] if argv is None else argv))
   command = argv[0] if argv and argv[0] in COMMANDS else ""
   from prompt_jax import console  # pylint: disable=g-import-not-at-top
   try:  # Ctrl-C while starting (importing JAX, TensorFlow) is one line too, not a traceback
@@ -714,6 +714,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except BrokenPipeError:  # `prompt-jax tasks | head -1`: the reader left; end quietly, as
     _silence_stdout()      # a command killed by SIGPIPE (it was an error line, exit 1)
     return EXIT_BROKEN_PIPE
+
+
+def _command_first(argv: List[str]) -> List[str]:
+  """`prompt-jax --verbose train ...` as `prompt-jax train --verbose ...` (it printed the whole
+  usage, exit 2): flags given before the command are its flags."""
+  at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+  if at and argv[at] in COMMANDS and not {"-h", "--help"} & set(argv[:at]):
+    return [argv[at]] + argv[:at] + argv[at + 1:]
+  return argv
 
 
 def _silence_stdout() -> None:
@@ -762,10 +771,9 @@ def _plan(argv: List[str], verbose: bool) -> int:  # ahead-of-time compile on a 
 
 
 def _tasks(argv: List[str], verbose: bool) -> int:
-  del verbose
   import prompt_jax.embedded.task  # pylint: disable=g-import-not-at-top,unused-import
   from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
-  return tasks_inspect.main(argv)
+  return tasks_inspect.main(argv, verbose)
 
 
 def _sweep(argv: List[str], verbose: bool) -> int:  # design-decision sweeps (prompt_jax/launch)

@@ -179,4 +179,11 @@ def ensure_registered(name: str) -> None:
     register_few_shot(match["base"], int(match["k"]), int(match["seed"]),
                       balanced=match["kind"] == "shot")
     return
+  if match and match["base"] in seqio.MixtureRegistry.names():  # (was "did you mean ...")
+    first = sorted(t.name for t in seqio.get_mixture_or_task(match["base"]).tasks
+                   if "train" in t.splits)[0]
+    suffix = name[len(match["base"]):]
+    raise registration.UnknownTaskError(
+        f"{name!r}: {match['base']!r} is a mixture; few-shot sampling applies to tasks, e.g. "
+        f"{first}{suffix}")
   registration.check_known(name)

@@ -13,6 +13,7 @@ Bad input (unknown task or split, missing or malformed data) exits 2, other fail
 import argparse
 import os
 import sys
+import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -164,8 +165,9 @@ def _show(args: argparse.Namespace) -> int:
   return 0
 
 
-def main(argv: Sequence[str]) -> int:
-  """Entry point of `prompt-jax tasks` (argv excludes the program and subcommand names)."""
+def main(argv: Sequence[str], verbose: bool = False) -> int:
+  """Entry point of `prompt-jax tasks` (argv excludes the program and subcommand names);
+  `verbose` (prompt-jax --verbose): an error's traceback before its one line."""
   parser = errors.OneLineParser(
       prog="prompt-jax tasks",
       description="List registered seqio tasks, or show preprocessed examples of one.")
@@ -197,9 +199,13 @@ def main(argv: Sequence[str]) -> int:
     return _show(args)
   except (registration.UnknownTaskError, readers.DataFormatError, FileNotFoundError,
           ValueError) as e:
+    if verbose:
+      traceback.print_exc()
     print(f"prompt-jax tasks: error: {(str(e) or type(e).__name__).splitlines()[0]}",
           file=sys.stderr)
     return EXIT_CONFIG_ERROR
   except tf.errors.OpError as e:  # E.g. a TFDS label outside the label set: not the input.
+    if verbose:
+      traceback.print_exc()
     print(f"prompt-jax tasks: error: {e.message.splitlines()[0]}", file=sys.stderr)
     return EXIT_FAILURE

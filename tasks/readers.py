@@ -132,7 +132,9 @@ def read_super_glue(path, config: str) -> List[Example]:
     return _read_record(path)
   features, labels = SUPER_GLUE_FEATURES[config], SUPER_GLUE_LABELS[config]
   examples = []
+  labelled = _Labelled(path)
   for line, row in iter_jsonl(path):
+    labelled.check("label" in row, line)
     if config.startswith("wsc"):
       row = {**row, **_field(row, "target", path, line)}
     ex = {}
@@ -154,14 +156,35 @@ def read_super_glue(path, config: str) -> List[Example]:
   return examples
 
 
+class _Labelled:
+  """A file is labelled throughout (train, val) or not at all (the official test files): a row
+  without its label in a labelled file is an error, not an example with no label (seqio would
+  train on the target '<unk>')."""
+
+  def __init__(self, path):
+    self.path, self.first = path, None
+
+  def check(self, has_label: bool, line: int) -> None:
+    if self.first is None:
+      self.first = (has_label, line)
+    elif has_label != self.first[0]:
+      if has_label:
+        raise _fail(self.path, line, f"has a label, but line {self.first[1]} has none: a "
+                                     f"file is labelled throughout (train, val) or not at all "
+                                     f"(test)")
+      raise _fail(self.path, line, f"missing field 'label' (line {self.first[1]} has one)")
+
+
 def _read_multirc(path) -> List[Example]:
   """One example per (paragraph, question, answer), as TFDS `super_glue/multirc`."""
   examples = []
+  labelled = _Labelled(path)
   for line, row in iter_jsonl(path):
     passage = _field(row, "passage", path, line)
     for question in _field(passage, "questions", path, line):
       for answer in _field(question, "answers", path, line):
         label = answer.get("label")
+        labelled.check(label is not None, line)
         if label is not None and label not in (0, 1, True, False):
           raise _fail(path, line, f"label {label!r} is not in the label set [0, 1]")
         examples.append({

@@ -22,6 +22,7 @@ import dataclasses
 import gzip
 import os
 import pathlib
+import re
 import threading
 import zlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -243,26 +244,56 @@ class LocalOrTfdsSource(seqio.DataSource):
       if shard_info:
         ds = ds.shard(shard_info.num_shards, shard_info.index)
       return ds
+    self._check_tfds_reachable()
     try:
       return self._tfds.get_dataset(split=split, shuffle=shuffle, seed=seed,
                                     shard_info=shard_info)
     except OSError as e:  # TFDS downloads a dataset it has not prepared: offline, after minutes
       reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      local = (f"pass --data_dir=DIR with the official files ({self.local.folder}/: "
-               f"{self.local.how_to_get}), or " if self.local else "")
-      raise FileNotFoundError(
-          f"{self.description}: TFDS {self.tfds_name} could not be read or downloaded "
-          f"({type(e).__name__}: {reason}); without network, {local}pass --tfds_data_dir=DIR "
-          f"where it is prepared") from e
+      raise FileNotFoundError(self._tfds_unavailable(
+          f"could not be read or downloaded ({type(e).__name__}: {reason})")) from e
+
+  def _tfds_unavailable(self, why: str) -> str:
+    local = (f"pass --data_dir=DIR with the official files ({self.local.folder}/: "
+             f"{self.local.how_to_get}), or " if self.local else "")
+    return (f"{self.description}: TFDS {self.tfds_name} {why}; without network, {local}pass "
+            f"--tfds_data_dir=DIR where it is prepared")
+
+  def _check_tfds_reachable(self) -> None:
+    """Offline, TFDS spends about 210 s (and progress bars, and partial folders) trying to
+    download a dataset it has not prepared: when it is not prepared and GCS's name does not
+    resolve (a quick look-up, prompt_jax.paths), one line at once instead."""
+    try:
+      builder = self._tfds.tfds_dataset.builder  # seqio's, under --tfds_data_dir
+      if builder.is_prepared():
+        return
+      where = builder.data_dir
+    except AssertionError as e:  # 'Dataset c4 cannot be loaded at version 3.0.1, only: 3.1.0, ..'
+      found = re.search(r"cannot be loaded at version \S+, only: ((?:\d+\.\d+\.\d+(?:, )?)+)",
+                        str(e))
+      if found is None:
+        raise
+      raise ValueError(f"{self.description}: the installed tensorflow-datasets cannot load "
+                       f"TFDS {self.tfds_name} (it reads {found.group(1).strip(', ')}): use a task "
+                       f"of one of those versions") from e
+    except Exception:  # pylint: disable=broad-except  (TFDS's own error follows)
+      return
+    from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+    unreachable = paths.unreachable_gcs()
+    if unreachable:
+      raise FileNotFoundError(self._tfds_unavailable(
+          f"is not prepared (no {where}) and cannot be downloaded ({unreachable})"))
 
   def list_shards(self, split: str) -> Sequence[str]:
     if self.uses_local_files():
       return [str(self.local_path(split))]
+    self._check_tfds_reachable()
     return self._tfds.list_shards(split)
 
   def num_input_examples(self, split: str) -> Optional[int]:
     if self.uses_local_files():
       return len(self.local_examples(split))
+    self._check_tfds_reachable()
     return self._tfds.num_input_examples(split)
 
 

@@ -229,3 +229,16 @@ def test_a_t5x_run_file_is_one_line_naming_prompt_jax_s_own(tmp_path, monkeypatc
                           f"binaries (python -m t5x.train / eval / infer); prompt-jax takes its "
                           f"own run files: {instead}\n"), captured.err
   assert os.listdir(tmp_path) == []
+
+
+def test_flags_before_the_command_are_its_flags_and_tasks_honours_verbose(capsys):
+  """`prompt-jax --verbose tasks NAME` printed the whole usage, exit 2; `prompt-jax tasks NAME
+  --verbose` printed no traceback (tasks ignored --verbose)."""
+  for argv in (["--verbose", "tasks", "no_such_task"], ["tasks", "no_such_task", "--verbose"]):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "usage:" not in err, err
+    assert err.splitlines()[-1].startswith(
+        "prompt-jax tasks: error: unknown task or mixture 'no_such_task'"), err
+  assert cli.main(["tasks", "no_such_task"]) == 2
+  assert "Traceback" not in capsys.readouterr().err

@@ -17,6 +17,14 @@ def no_data_dir(monkeypatch):
 
 
 @pytest.fixture
+def networked(monkeypatch):
+  """GCS resolves, as on a machine with network: TFDS is asked (the tests mock it), not refused
+  at once as on this offline one (tasks/sources.py `_check_tfds_reachable`)."""
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paths, "unreachable_gcs", lambda *a, **k: None)
+
+
+@pytest.fixture
 def data_root(shared_data) -> pathlib.Path:
   """../shared/data, set as the data dir (skips when absent)."""
   root = shared_data("super_glue").parent

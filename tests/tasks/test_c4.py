@@ -1,4 +1,5 @@
 """The prefix-LM objective of the C4 LM-adaptation task."""
+import pytest
 import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -6,6 +7,8 @@ import tensorflow_datasets as tfds
 from prompt_jax import tasks
 from prompt_jax.tasks import features
 from prompt_jax.tasks import preprocessors
+
+pytestmark = pytest.mark.usefixtures("networked")  # TFDS is mocked
 
 
 def _prefix_lm(token_lists, inputs_length, seed):
@@ -45,3 +48,16 @@ def test_c4_task_end_to_end_with_mock_tfds(t5_vocab):
     assert len(ex["inputs"]) <= 16
     rebuilt += ex["inputs"][:-1].tolist() + ex["targets"][:-1].tolist()
   assert rebuilt == tokens
+
+
+def test_a_version_the_installed_tfds_cannot_load_is_one_line():
+  """c4_v301_prefix_lm under tensorflow-datasets 4.9 (whose c4 has 3.1.0, 2.3.1, ...) ended in
+  `error: AssertionError: Failed to construct dataset "c4", ...`, exit 1."""
+  from prompt_jax.tasks import sources  # pylint: disable=g-import-not-at-top
+  source = sources.LocalOrTfdsSource("C4 (en, 9.9.9)", ("train",), tfds_name="c4/en:9.9.9")
+  with pytest.raises(ValueError) as e:
+    source.get_dataset("train")
+  assert str(e.value).startswith("C4 (en, 9.9.9): the installed tensorflow-datasets cannot load "
+                                 "TFDS c4/en:9.9.9 (it reads "), str(e.value)
+  assert str(e.value).endswith("): use a task of one of those versions")
+  assert "3.1.0" in str(e.value) or "2.2.0" in str(e.value)

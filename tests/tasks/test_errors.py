@@ -101,6 +101,30 @@ def test_missing_field_names_file_and_line(tmp_path, write_file):
     text_examples("super_glue_rte_v102")
 
 
+def test_a_row_without_its_label_in_a_labelled_file_names_file_and_line(tmp_path,
+                                                                        write_file):
+  """A train/val row that lost its label was read as unlabelled (-1): `tasks` showed the target
+  '<unk>' and `train` trained on it, exit 0. A file is labelled throughout or not at all."""
+  rows = [dict(RTE_LINE, idx=i) for i in range(3)]
+  del rows[2]["label"]
+  path = write_file(tmp_path / "super_glue/RTE/train.jsonl",
+                    "".join(json.dumps(r) + "\n" for r in rows))
+  tasks.set_data_dir(tmp_path)
+  with pytest.raises(tasks.DataFormatError,
+                     match=f"^{path}:3: missing field 'label' \\(line 1 has one\\)"):
+    text_examples("super_glue_rte_v102", "train")
+  # The other way round (a labelled row in an unlabelled file) as well; a test file whose rows
+  # all lack labels is read as before (label -1).
+  rows = [{k: v for k, v in dict(RTE_LINE, idx=i).items() if k != "label"} for i in range(3)]
+  write_file(tmp_path / "super_glue/RTE/test.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+  assert len(text_examples("super_glue_rte_v102", "test")) == 3
+  rows[1]["label"] = "entailment"
+  path = write_file(tmp_path / "super_glue/RTE/test.jsonl",
+                    "".join(json.dumps(r) + "\n" for r in rows))
+  with pytest.raises(tasks.DataFormatError, match=f"^{path}:2: has a label, but line 1 has none"):
+    text_examples("super_glue_rte_v102", "test")
+
+
 def test_label_outside_label_set_in_jsonl(tmp_path, write_file):
   line = {"premise": "p", "hypothesis": "h", "idx": 0, "label": "entailed"}
   path = write_file(tmp_path / "super_glue/CB/val.jsonl", json.dumps(line) + "\n")

@@ -82,3 +82,13 @@ def test_unlabeled_task_needs_the_total_form(tmp_path):
 def test_task_without_train_split_is_rejected():
   with pytest.raises(ValueError, match="no train split"):
     tasks.get_task("mrqa_bioasq_v001_4total_seed0")
+
+
+def test_a_few_shot_name_of_a_mixture_says_so():
+  """`super_glue_v102_proportional_16shot_seed0` was "unknown task or mixture ...; did you mean
+  super_glue_v102_proportional_sentinel, ...": the reason was never reached."""
+  with pytest.raises(tasks.UnknownTaskError) as e:
+    tasks.get_task("super_glue_v102_proportional_16shot_seed0")
+  assert str(e.value) == (
+      "'super_glue_v102_proportional_16shot_seed0': 'super_glue_v102_proportional' is a "
+      "mixture; few-shot sampling applies to tasks, e.g. super_glue_boolq_v102_16shot_seed0")

@@ -6,6 +6,8 @@ import tensorflow_datasets as tfds
 from prompt_jax import tasks
 from prompt_jax.tasks.inspect import text_examples
 
+pytestmark = pytest.mark.usefixtures("networked")  # TFDS is mocked
+
 
 def _mock(examples, seen=None):
   """mock_data serving `examples` (a dict of columns) for any builder and split."""
@@ -73,3 +75,27 @@ def test_a_failed_tfds_download_is_one_line_naming_the_local_files():
                             "downloaded (ConnectionError: HTTPSConnectionPool("), message
   assert "without network, pass --data_dir=DIR with the official files (super_glue/RTE/" in message
   assert message.endswith("or pass --tfds_data_dir=DIR where it is prepared") and "\n" not in message
+
+
+def test_an_unprepared_dataset_offline_is_one_line_at_once(monkeypatch):
+  """Offline, with no data dir, `prompt-jax tasks super_glue_rte_v102` took 210 s (TFDS's
+  download retries, progress bars, partial folders under ~/tensorflow_datasets) before its one
+  line. When the dataset is not prepared and GCS's name does not resolve, the line comes at once
+  and TFDS is not asked (the other tests here: a prepared, or reachable, dataset is read)."""
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paths, "unreachable_gcs",
+                      lambda *a, **k: "storage.googleapis.com does not resolve")
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: False)
+  asked = []
+  with _mock(RTE, asked), pytest.raises(FileNotFoundError) as e:  # it would serve any builder
+    text_examples("super_glue_rte_v102", "validation")
+  assert asked == []
+  message = str(e.value)
+  assert message.startswith(
+      "SuperGLUE RTE: TFDS super_glue/rte:1.0.2 is not prepared (no "), message
+  assert message.endswith("/super_glue/rte/1.0.2) and cannot be downloaded (storage.googleapis.com "
+                          "does not resolve); without network, pass --data_dir=DIR with the "
+                          "official files (super_glue/RTE/: unzip the official SuperGLUE RTE.zip "
+                          "(super.gluebenchmark.com/tasks) so that it holds train.jsonl, "
+                          "val.jsonl, test.jsonl), or pass --tfds_data_dir=DIR where it is "
+                          "prepared"), message
