@@ -325,7 +325,9 @@ class _Runner:
         refused.append((job, verdict[1]))
       elif _interrupted(entry):  # runner died, stopped or preempted: resume it
         entry["state"] = PENDING
-        self.notes[job.name] = verdict[1] if verdict else "resuming"
+        self.notes[job.name] = verdict[1] if verdict else (
+            "resuming" if has_checkpoints(job.model_dir)
+            else "stopped before its first checkpoint: from step 0")
       elif verdict:
         # Gone, or more TRAIN_STEPS: the new command (re)trains; more steps resume from the
         # job's checkpoint as `t5x.train` would.
@@ -343,8 +345,8 @@ class _Runner:
       raise ConfigError(
           f"job {job.name}{more} is {state} under another command "
           f"(changed: {flags}); `sweep run` resumes a trained job only for a larger "
-          f"--gin.TRAIN_STEPS, from its checkpoint: use a new --root, or remove "
-          f"{job.model_dir} to train it again")
+          f"--gin.TRAIN_STEPS, from its checkpoint: give the flags it ran with again, use a "
+          f"new --root, or remove {job.model_dir} to train it again")
     self.queue = [j for j in sweep.jobs if entries[j.name]["state"] == PENDING]
     self.running: Dict[str, tuple] = {}  # name -> (job, Popen, log file, log start, t0)
     self.durations: List[float] = []

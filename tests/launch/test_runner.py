@@ -159,6 +159,7 @@ if os.path.exists(os.path.join(d, "quick")):
 def on_term(*unused):
   if os.environ.get("FAKE_IGNORE_TERM"):
     return
+  save()  # what it says it saved: the next run resumes from it
   print("preempted (SIGTERM) at step 3: saved MODEL_DIR/checkpoints/3", flush=True)
   sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
@@ -242,6 +243,15 @@ def test_job_that_does_not_stop_is_killed_after_the_stop_timeout(slow_sweep, mon
   killed = [e for e in status.values() if e.get("attempts")]
   assert len(killed) == 2
   assert all(e["state"] == "pending" and "killed by SIGKILL" in e["error"] for e in killed)
+  # Killed before saving anything: the next run does not call it resuming (it said so, and
+  # trained from step 0).
+  monkeypatch.delenv("FAKE_IGNORE_TERM")
+  open(tmp_path / "quick", "w").close()
+  out = io.StringIO()
+  assert runner.run(spec_lib.build(spec, root=root), parallel=2, out=out) == 0
+  assert out.getvalue().count("(stopped before its first checkpoint: from step 0)") == 2, \
+      out.getvalue()
+  assert "(resuming)" not in out.getvalue()
 
 
 def test_stop_timeout_must_not_be_negative(tmp_path):
@@ -259,6 +269,8 @@ def test_preempted_job_is_resumed_not_failed(fake_sweep, monkeypatch):
       #!{sys.executable}
       import os, sys
       if any(a.endswith("/{preempted}'") for a in sys.argv) and not os.path.exists("{tmp_path}/up"):
+        model_dir = [a for a in sys.argv if a.startswith("--gin.MODEL_DIR=")][-1].split("=", 1)[1]
+        os.makedirs(os.path.join(model_dir.strip("'"), "checkpoints", "2"))  # as it says
         print("preempted (SIGTERM) at step 2: saved .../checkpoints/2; run the same command")
         sys.exit(143)
       print("final metrics: x=1.0000")
@@ -313,7 +325,8 @@ def _assert_run_refuses(sweep, changed, state):
   job = sweep.jobs[0]
   assert (f"prompt-jax sweep: error: job {job.name} (and 7 more job(s)) is {state} under "
           f"another command (changed: --gin.BATCH_SIZE 8 -> 16)") in err
-  assert "use a new --root, or remove " + job.model_dir in err
+  assert ("give the flags it ran with again, use a new --root, or remove "
+          + job.model_dir) in err
   assert " start " not in out
   with open(runner.status_path(sweep.root), "rb") as f:
     assert f.read() == before
