@@ -502,6 +502,29 @@ def check_against_run(layers) -> None:
     raise _Error(message)
 
 
+def _note_another_backbone(command: str, layers) -> None:
+  """eval / infer of a run on another frozen model than it trained on (an INITIAL_CHECKPOINT_PATH
+  override: the checkpoint moved, or a transfer study) say so first; eval's result file records
+  the frozen model either way."""
+  if command not in ("eval", "infer") or layers is None or layers.run_values is None:
+    return
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  key = ("INITIAL_CHECKPOINT_PATH", "gin.macro", "value")
+  trained, now = layers.run_values.get(key), layering.snapshot().get(key)
+  if key in layers.run_values and repr(trained) != repr(now):
+    import hashlib  # pylint: disable=g-import-not-at-top
+    import gin  # pylint: disable=g-import-not-at-top
+    where = str(now).rstrip("/")
+    label = (f"{os.path.basename(where) or 'backbone'}-"
+             f"{hashlib.sha1(where.encode()).hexdigest()[:8]}")
+    if command == "eval":
+      gin.bind_parameter("prompt_jax.evaluate.backbone_label", label)
+    layers.notes.append(f"the prompt runs on INITIAL_CHECKPOINT_PATH={now!r}, not the frozen "
+                        f"model it was trained on ({trained!r})"
+                        + (f"; its results are filed apart (-on-{label})" if command == "eval"
+                           else ""))
+
+
 def _its_settings(checkpoint: str) -> str:
   """How to evaluate another run's checkpoint with the settings it was trained with."""
   from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
@@ -673,6 +696,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
                         f"config.gin")
   check_required(command, layers)
   check_against_run(layers)
+  _note_another_backbone(command, layers)
   evaluate_what_the_run_trained(command, layers)
   for note in layers.notes:
     _say(f"note: {note}")

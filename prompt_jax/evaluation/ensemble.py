@@ -37,6 +37,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -143,6 +144,61 @@ def run_model(model_dir: str) -> Tuple[specs.MethodSpec, str]:
   if spec is None:
     raise ConfigError(f"{model_dir} is a full fine-tuning run: it has no prompt to ensemble")
   return spec, regex
+
+
+def trained_with(model_dir: str) -> Dict[str, Any]:
+  """{'task', 'initial_checkpoint'} a trained MODEL_DIR was trained with (its config.gin's
+  MIXTURE_OR_TASK_NAME and INITIAL_CHECKPOINT_PATH, a reference such as
+  @prompt_jax.embedded_checkpoint_path() called); a value that cannot be read is left out."""
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  with open(run_dir.config_path(model_dir)) as f:
+    text = f.read()
+  out = {}
+  with _isolated_gin():
+    gin.clear_config()
+    try:
+      gin.parse_config_files_and_bindings([layering.DEFAULTS_FILE], [], finalize_config=False)
+      gin.parse_config(text)
+    except Exception:  # pylint: disable=broad-except  (run_model has already read it)
+      return out
+    for key, macro in (("task", "MIXTURE_OR_TASK_NAME"),
+                       ("initial_checkpoint", "INITIAL_CHECKPOINT_PATH")):
+      try:
+        value = gin.query_parameter(f"%{macro}")
+        if isinstance(value, gin.config.ConfigurableReference):
+          value = value.configurable.wrapped()
+      except Exception:  # pylint: disable=broad-except
+        continue
+      if isinstance(value, str) or value is None:
+        out[key] = value
+  return out
+
+
+def _same_path(a: Optional[str], b: Optional[str]) -> bool:
+  if not a or not b or "://" in a or "://" in b:
+    return (a or None) == (b or None)
+  return os.path.realpath(a.rstrip("/")) == os.path.realpath(b.rstrip("/"))
+
+
+def warn_of_other_sources(members: List["Member"], task: str,
+                          initial_checkpoint_path: Optional[str]) -> List[str]:
+  """One warning line per MODEL_DIR member trained on another task or another frozen model
+  than this command's (both legitimate in a transfer study, never silent)."""
+  lines = []
+  for m in members:
+    if not os.path.isdir(m.source):
+      continue
+    trained = trained_with(m.source)
+    if "task" in trained and trained["task"] != task:
+      lines.append(f"prompt {m.name!r} was trained on {trained['task']}, not {task}")
+    if "initial_checkpoint" in trained and not _same_path(trained["initial_checkpoint"],
+                                                          initial_checkpoint_path):
+      lines.append(f"prompt {m.name!r} was trained on the frozen model "
+                   f"{trained['initial_checkpoint']}, not this command's "
+                   f"INITIAL_CHECKPOINT_PATH {initial_checkpoint_path}")
+  for line in lines:
+    logging.warning(line)
+  return lines
 
 
 def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tuple[str, str]]:
@@ -440,6 +496,7 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
   vocabulary = task.output_features["targets"].vocabulary
   members = [load_member(n, p, model.config, vocabulary)
              for n, p in prompt_sources(prompts)]
+  warn_of_other_sources(members, dataset_cfg.mixture_or_task_name, initial_checkpoint_path)
   evaluator = inference._evaluator(dataset_cfg, None)  # pylint: disable=protected-access
   inference.check_examples(evaluator, dataset_cfg.split)  # before the model loads
   server = serve(members, model, dataset_cfg, initial_checkpoint_path, num_partitions,

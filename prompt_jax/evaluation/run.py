@@ -111,29 +111,38 @@ def evaluate(*, model_dir: Optional[str] = None,
              dataset_cfg: data_lib.DatasetConfig = gin.REQUIRED,
              initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
              prompt_file: Optional[str] = None, num_partitions: int = 1,
-             model: Optional[run_setup.ModelSpec] = None) -> EvalResult:
+             model: Optional[run_setup.ModelSpec] = None,
+             backbone_label: Optional[str] = None) -> EvalResult:
   """seqio.Evaluator metrics (rank classification when the task declares its labels), logged to
   TensorBoard at the checkpoint's step (under MODEL_DIR/`summary_dir`: training's
   inference_eval curve only for the run's own checkpoint on the split training evaluated) and
-  written as JSON."""
+  written as JSON. `backbone_label` (the CLI sets it when INITIAL_CHECKPOINT_PATH is not the
+  frozen model the run trained on): results of their own, `...-on-<label>`, never a point of
+  training's curve nor a replacement of the run's own result."""
   decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
   step = source.step or 0
-  log_dir = summary_dir(model_dir, source, prompt_file, dataset_cfg.split) if model_dir else None
+  label = result_label(source, prompt_file) + (f"-on-{backbone_label}" if backbone_label else "")
+  log_dir = None
+  if model_dir:
+    log_dir = (f"{summaries.INFERENCE_EVAL_DIR}_{dataset_cfg.split}_{label}" if backbone_label
+               else summary_dir(model_dir, source, prompt_file, dataset_cfg.split))
   metrics = inference.evaluate(run, dataset_cfg, model_dir, step=step, decoding_cfg=decoding_cfg,
                                log_dir=log_dir)
   summaries.log("eval: %s", " ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
   out = None
   if model_dir and jax.process_index() == 0:
     out = os.path.join(model_dir, EVAL_DIR, result_stem(
-        dataset_cfg.mixture_or_task_name, dataset_cfg.split,
-        result_label(source, prompt_file), *decoding_label(decoding_cfg)) + ".json")
+        dataset_cfg.mixture_or_task_name, dataset_cfg.split, label,
+        *decoding_label(decoding_cfg)) + ".json")
     # "decoding": of the tasks without a label set (those with one are rank-classified), so
-    # that a beam result and a greedy one of the same checkpoint tell themselves apart
+    # that a beam result and a greedy one of the same checkpoint tell themselves apart;
+    # "initial_checkpoint": the frozen model the prompt ran on (the run's, or an override's).
     _write_text(out, json.dumps({"step": source.step, "checkpoint": source.checkpoint,
                                  "prompt_file": prompt_file, "split": dataset_cfg.split,
+                                 "initial_checkpoint": initial_checkpoint_path,
                                  "decoding": dataclasses.asdict(decoding_cfg),
                                  "metrics": metrics}, indent=1, sort_keys=True) + "\n")
   return EvalResult(metrics=metrics, metrics_file=out, step=source.step)

@@ -404,3 +404,21 @@ def test_ensemble_on_a_4_device_mesh_equals_one_device(ensembled, ensembled64, p
                                any_tie, what="majority vote", max_near_tie_share=0.15)
   fixed = lambda rows: [{k: r[k] for k in ("index", "inputs", "targets")} for r in rows]
   assert fixed(four) == fixed(one)
+
+
+def test_members_trained_on_another_task_or_frozen_model_are_warned_of(trained_runs, tmp_path):
+  """A member run trained on another task, or on another frozen model, joined the ensemble
+  without a word (both can be meant: a transfer study); each is now one warning line."""
+  from prompt_jax import embedded  # pylint: disable=g-import-not-at-top
+  run = trained_runs["residual"]
+  member = ensemble.Member("r", run, "Residual", 4)
+  assert ensemble.trained_with(run) == {"task": TASK, "initial_checkpoint": embedded.CHECKPOINT_DIR}
+  assert ensemble.warn_of_other_sources([member], TASK, embedded.CHECKPOINT_DIR + "/") == []
+  moved = str(tmp_path / "moved")
+  assert ensemble.warn_of_other_sources([member], "glue_sst2_v002", moved) == [
+      f"prompt 'r' was trained on {TASK}, not glue_sst2_v002",
+      f"prompt 'r' was trained on the frozen model {embedded.CHECKPOINT_DIR}, not this "
+      f"command's INITIAL_CHECKPOINT_PATH {moved}"]
+  # A .npy member records neither: nothing to say.
+  assert ensemble.warn_of_other_sources(
+      [ensemble.Member("f", str(tmp_path / "p.npy"), "prompt_tuning (file)", 4)], "x", moved) == []

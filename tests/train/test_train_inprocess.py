@@ -264,6 +264,22 @@ def test_eval_of_a_run_started_from_a_prompt_file_uses_what_it_trained(trained, 
   other = f"{model_dir}/numpy_checkpoints/checkpoint_2/{common.PROMPT_NPY}"
   record, _ = evaluated(f"--gin.PROMPT_FILE='{other}'")
   assert record["prompt_file"] == other, record
+  # Another frozen model (here the same weights, moved): said first, and recorded.
+  import shutil  # pylint: disable=g-import-not-at-top
+  from prompt_jax import embedded  # pylint: disable=g-import-not-at-top
+  trained_on = record["initial_checkpoint"]
+  assert trained_on and os.path.samefile(trained_on, embedded.CHECKPOINT_DIR), record
+  moved = str(tmp_path / "moved_backbone")
+  shutil.copytree(embedded.CHECKPOINT_DIR, moved)
+  before = set(os.listdir(eval_dir))
+  record, out = evaluated(f"--gin.INITIAL_CHECKPOINT_PATH='{moved}'")
+  assert record["initial_checkpoint"] == moved, record
+  (added,) = set(os.listdir(eval_dir)) - before  # the run's own result stays as it was
+  assert added.startswith("embedded_last_letter-validation-step2-on-moved_backbone-"), added
+  assert "inference_eval_validation_step2-on-moved_backbone-" in " ".join(os.listdir(model_dir))
+  assert (f"note: the prompt runs on INITIAL_CHECKPOINT_PATH='{moved}', not the frozen model it "
+          f"was trained on (@prompt_jax.embedded_checkpoint_path()); its results are filed "
+          f"apart (-on-moved_backbone-") in out, out
 
 
 def test_labelled_tasks_of_a_plain_mixture_are_rank_classified(trained, monkeypatch):
