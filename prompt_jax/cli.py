@@ -366,14 +366,16 @@ def check_required(command: str, layers=None) -> None:
                  f"--gin_file=runs/embedded_default.gin), or set MODEL_DIR to a trained run's "
                  f"directory to continue it")
   if command in RUN_COMMANDS and model_dir and layers is not None and layers.run_config is None:
+    near = _runs_near(model_dir)
     if missing:
-      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
-                   f"run's directory, or set {', '.join(missing)} (--gin.NAME=... or a gin "
-                   f"file)")
+      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin){near}: point "
+                   f"it at a run's directory, or set {', '.join(missing)} (--gin.NAME=... or a "
+                   f"gin file)")
     from prompt_jax import layering  # pylint: disable=g-import-not-at-top
     if command in ("describe", "inspect") and not layering.is_bound(layering.BINDS_A_MODEL):
-      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin): point it at a "
-                   f"run's directory, or name a model file (--gin_file=models/t5_1_1_base.gin)")
+      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin){near}: point "
+                   f"it at a run's directory, or name a model file "
+                   f"(--gin_file=models/t5_1_1_base.gin)")
   check_macro_typos(READ_MACROS.get(command, ()))
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
@@ -396,6 +398,28 @@ def _missing_macros(command: str) -> List[str]:
   if command not in ("describe", "inspect"):  # these need only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
   return missing
+
+
+def _runs_near(model_dir: str) -> str:
+  """' (did you mean <the run above it>?)' for a MODEL_DIR inside a run (its checkpoints/,
+  checkpoints/<step>), or ' (it holds runs: a, b, ...: a sweep's root?)' for one above runs;
+  '' otherwise (and for remote paths)."""
+  if "://" in model_dir or not os.path.isdir(model_dir):
+    return ""
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(model_dir)
+  for parent in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+    if os.path.isfile(run_dir.config_path(parent)):
+      return f" (did you mean {parent}?)"
+  try:
+    runs = sorted(d for d in os.listdir(path)
+                  if os.path.isfile(run_dir.config_path(os.path.join(path, d))))
+  except OSError:
+    return ""
+  if runs:
+    more = f", ... ({len(runs)} in all)" if len(runs) > 3 else ""
+    return f" (it holds runs: {', '.join(runs[:3])}{more}: a sweep's root?)"
+  return ""
 
 
 def check_job(command: str) -> None:

@@ -242,3 +242,19 @@ def test_flags_before_the_command_are_its_flags_and_tasks_honours_verbose(capsys
         "prompt-jax tasks: error: unknown task or mixture 'no_such_task'"), err
   assert cli.main(["tasks", "no_such_task"]) == 2
   assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_model_dir_one_level_off_names_the_run(tmp_path, capsys):
+  """eval of a run's checkpoints/ (or checkpoints/<step>) or of a sweep's root said only that it
+  holds no trained run."""
+  for name in ("a", "b"):
+    (tmp_path / name / "checkpoints" / "4").mkdir(parents=True)
+    (tmp_path / name / "config.gin").write_text("MODEL_DIR = 'x'\n")
+  run = f"(did you mean {tmp_path / 'a'}?)"
+  for model_dir, near in ((tmp_path / "a" / "checkpoints", run),
+                          (tmp_path / "a" / "checkpoints" / "4", run),
+                          (tmp_path, "(it holds runs: a, b: a sweep's root?)")):
+    assert cli.main(["eval", f"--gin.MODEL_DIR='{model_dir}'"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {model_dir} holds no trained run "
+                          f"(no config.gin) {near}: point it at a run's directory"), err
