@@ -380,7 +380,24 @@ def check_required(command: str, layers=None) -> None:
   if missing:
     raise _Error(f"missing required macro{'s' if len(missing) > 1 else ''} "
                  f"{', '.join(missing)}: set {' '.join(f'--gin.{m}=...' for m in missing)} "
-                 f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file")
+                 f"or bind {'them' if len(missing) > 1 else 'it'} in a gin file"
+                 + _a_members_settings(command))
+
+
+def _a_members_settings(command: str) -> str:
+  """For ensemble-eval (which reads no run's config.gin): how to take a member run's settings."""
+  if command != "ensemble-eval":
+    return ""
+  from prompt_jax.train import run_dir  # pylint: disable=g-import-not-at-top
+  prompts = _macro("ENSEMBLE_PROMPTS")
+  paths = (list(prompts.values()) if isinstance(prompts, dict) else list(prompts)
+           if isinstance(prompts, (list, tuple)) else [prompts])
+  runs = [p for p in [_macro("MODEL_DIR")] + paths
+          if isinstance(p, str) and os.path.isfile(run_dir.config_path(p))]
+  if not runs:
+    return ""
+  return (f" (ensemble-eval reads no run's config.gin: --gin_file={run_dir.config_path(runs[0])} "
+          f"gives that run's)")
 
 
 def _missing_macros(command: str) -> List[str]:

@@ -258,3 +258,17 @@ def test_a_model_dir_one_level_off_names_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {model_dir} holds no trained run "
                           f"(no config.gin) {near}: point it at a run's directory"), err
+
+
+def test_ensemble_eval_without_settings_says_how_to_take_a_member_s(tmp_path, capsys):
+  """ensemble-eval reads no run's config.gin (its members may differ): given run members and
+  no settings it named the missing macros only."""
+  (tmp_path / "a").mkdir()
+  (tmp_path / "a" / "config.gin").write_text("MODEL_DIR = 'x'\n")
+  assert cli.main(["ensemble-eval", f"--gin.MODEL_DIR='{tmp_path}/ens'",
+                   f"--gin.ENSEMBLE_PROMPTS=['{tmp_path}/a']"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("prompt-jax ensemble-eval: error: missing required macros "), err
+  assert err.endswith(f"(ensemble-eval reads no run's config.gin: "
+                      f"--gin_file={tmp_path}/a/config.gin gives that run's)\n"), err
+  assert not os.path.exists(tmp_path / "ens")
