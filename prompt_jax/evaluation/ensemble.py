@@ -573,8 +573,10 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
   files = [stem + ".json", stem + ".md", stem + "-predictions.jsonl"]
   if jax.process_index() == 0:
     rows = []
+    idx = _example_idx(task, dataset_cfg)
     for e, index in enumerate(cache.get("indices", [])):
-      row = {"index": int(index), "inputs": cache["inputs"][e], "targets": cache["targets"][e],
+      row = {"index": int(index), **({"idx": idx[index]} if index < len(idx) else {}),
+             "inputs": cache["inputs"][e], "targets": cache["targets"][e],
              "predictions": dict(zip(server.names, cache["texts"][e])),
              VOTE: vocabulary.decode(answers["ensemble"][VOTE][e])}
       if labels:
@@ -589,6 +591,19 @@ def ensemble_eval(*, model_dir: str = gin.REQUIRED,
     run_lib._write_text(files[1], markdown(report))  # pylint: disable=protected-access
     run_lib._write_text(files[2], "".join(rows))  # pylint: disable=protected-access
   return EnsembleResult(report=report, files=files)
+
+
+def _example_idx(task, dataset_cfg: data_lib.DatasetConfig) -> List[Any]:
+  """Each example's own `idx` (as `infer` rows carry it: run.example_keys), in the order seqio's
+  Evaluator reads the split (unshuffled, the same seed); [] when the task has none. A
+  prediction row's `index` is its position; `idx` joins it to the benchmark's rows."""
+  with data_lib.user_data_errors():
+    preprocessed = task.get_dataset(
+        sequence_length=dict(dataset_cfg.task_feature_lengths), split=dataset_cfg.split,
+        use_cached=dataset_cfg.use_cached, shuffle=False, seed=dataset_cfg.seed,
+        num_epochs=1).as_numpy_iterator()
+    keys = [run_lib.example_keys(ex).get("idx") for ex in preprocessed]
+  return keys if any(k is not None for k in keys) else []
 
 
 # ===== infer with a prompt bank =====

@@ -164,3 +164,19 @@ def test_super_glue_mixture_uses_t5_rates():
   taskless = tasks.get_task("taskless_super_glue_wsc_and_dev_v102_simple")
   assert sorted(t.name for t in taskless.tasks) == [
       "taskless_super_glue_wsc_v102_simple_eval", "taskless_super_glue_wsc_v102_simple_train"]
+
+
+def test_ensemble_prediction_rows_carry_each_example_s_idx(data_root, t5_vocab):
+  """ensemble-eval's prediction rows had only `index` (the row's position): `idx`, as infer's
+  rows have it, joins them to the benchmark's rows (MultiRC: a mapping of its parts)."""
+  from prompt_jax.evaluation import ensemble  # pylint: disable=g-import-not-at-top
+  from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
+  cfg = data_lib.DatasetConfig("super_glue_rte_v102", {"inputs": 64, "targets": 8},
+                               split="validation", batch_size=8, shuffle=False)
+  idx = ensemble._example_idx(tasks.get_task(cfg.mixture_or_task_name), cfg)  # pylint: disable=protected-access
+  with open(data_root / "super_glue" / "RTE" / "val.jsonl") as f:
+    assert idx == [json.loads(line)["idx"] for line in f]
+  cfg = data_lib.DatasetConfig("super_glue_multirc_v102", {"inputs": 64, "targets": 8},
+                               split="validation", batch_size=8, shuffle=False)
+  idx = ensemble._example_idx(tasks.get_task(cfg.mixture_or_task_name), cfg)  # pylint: disable=protected-access
+  assert len(idx) == 4848 and idx[0] == {"paragraph": 0, "question": 0, "answer": 0}, idx[:2]
