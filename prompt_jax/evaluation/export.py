@@ -80,6 +80,9 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
   into = bool(output) and (os.path.isdir(output) or output.endswith(("/", os.sep)))
+  if output and not into and not output.endswith(".npy"):  # out.txt held an .npy
+    raise ConfigError(f"--output {output} names neither a .npy file nor a directory: give "
+                      f"--output={output}.npy, or --output={output}/ for a directory")
   if output and not into:
     check_new_output(output, "a .npy file")
   params = _nested(run_lib.checkpoint_params(run.checkpoint))

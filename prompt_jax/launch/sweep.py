@@ -174,7 +174,7 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
     out = report.write(sweep, out_dir=args.out, metric=args.metric)
     done = sum(1 for r in out["rows"] if r["final"] != "")
     print(f"sweep {sweep.name}: {done}/{len(sweep.jobs)} jobs with metrics; "
-          f"{len(out['figures'])} figures; report: {out['md']} (and report.csv, *.png in "
+          f"{len(out['figures'])} figure{'' if len(out['figures']) == 1 else 's'}; report: {out['md']} (and report.csv, *.png in "
           f"{out['out_dir']})", flush=True)
     return 0
   except ConfigError as e:

@@ -118,3 +118,13 @@ def test_a_failed_write_leaves_the_previous_export_set_whole(trained_run, monkey
   assert sorted(after) == sorted(before)  # no .tmp left behind
   for name, array in before.items():
     np.testing.assert_array_equal(after[name], array, err_msg=name)
+
+
+def test_npy_output_named_neither_npy_nor_a_directory_is_one_line(trained_run, tmp_path):
+  """`--output=out.txt` wrote an .npy array under a .txt name, exit 0."""
+  target = tmp_path / "out.txt"
+  code, out, err = run_cli(["export", f"--gin.MODEL_DIR='{trained_run}'", f"--output={target}"])
+  assert code == 2 and out == "" and os.listdir(tmp_path) == [], (code, out, err)
+  assert err == (f"prompt-jax export: error: --output {target} names neither a .npy file nor a "
+                 f"directory: give --output={target}.npy, or --output={target}/ for a "
+                 f"directory\n")
