@@ -173,9 +173,10 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
     from prompt_jax.launch import report  # pylint: disable=g-import-not-at-top
     out = report.write(sweep, out_dir=args.out, metric=args.metric)
     done = sum(1 for r in out["rows"] if r["final"] != "")
+    figures = len(out["figures"])
     print(f"sweep {sweep.name}: {done}/{len(sweep.jobs)} jobs with metrics; "
-          f"{len(out['figures'])} figure{'' if len(out['figures']) == 1 else 's'}; report: {out['md']} (and report.csv, *.png in "
-          f"{out['out_dir']})", flush=True)
+          f"{figures} figure{'' if figures == 1 else 's'}; report: {out['md']} (and report.csv, "
+          f"*.png in {out['out_dir']})", flush=True)
     return 0
   except ConfigError as e:
     print(f"prompt-jax sweep: error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

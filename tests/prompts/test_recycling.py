@@ -249,9 +249,9 @@ def test_an_output_dir_of_another_recycle_is_refused(models):
   before = _contents(out_dir)
   code, _, err = _cli(_argv(models, "out_twice", "vec2vec_linear", target="unrelated"))
   assert code == 2 and _one_error_line(err) == (
-      f"prompt-jax recycle: error: --output_dir {out_dir} already holds vec2vec_linear.npy of another recycle (recycle.json "
-      f"records other --prompt/--source/--target/--num_words/--word_offset); recycle never "
-      f"replaces it: pass another --output_dir"), err
+      f"prompt-jax recycle: error: --output_dir {out_dir} already holds vec2vec_linear.npy "
+      f"of another recycle (recycle.json records other --prompt/--source/--target/"
+      f"--num_words/--word_offset); recycle never replaces it: pass another --output_dir"), err
   assert _contents(out_dir) == before
   # A file of the user's own in the way, with no recycle.json, is refused as well.
   mine = models[0] / "out_mine"

@@ -173,10 +173,12 @@ def test_ensemble_prediction_rows_carry_each_example_s_idx(data_root, t5_vocab):
   from prompt_jax.train import data as data_lib  # pylint: disable=g-import-not-at-top
   cfg = data_lib.DatasetConfig("super_glue_rte_v102", {"inputs": 64, "targets": 8},
                                split="validation", batch_size=8, shuffle=False)
-  idx = ensemble._example_idx(tasks.get_task(cfg.mixture_or_task_name), cfg)  # pylint: disable=protected-access
+  idx = ensemble._example_idx(  # pylint: disable=protected-access
+      tasks.get_task(cfg.mixture_or_task_name), cfg)
   with open(data_root / "super_glue" / "RTE" / "val.jsonl") as f:
     assert idx == [json.loads(line)["idx"] for line in f]
   cfg = data_lib.DatasetConfig("super_glue_multirc_v102", {"inputs": 64, "targets": 8},
                                split="validation", batch_size=8, shuffle=False)
-  idx = ensemble._example_idx(tasks.get_task(cfg.mixture_or_task_name), cfg)  # pylint: disable=protected-access
+  idx = ensemble._example_idx(  # pylint: disable=protected-access
+      tasks.get_task(cfg.mixture_or_task_name), cfg)
   assert len(idx) == 4848 and idx[0] == {"paragraph": 0, "question": 0, "answer": 0}, idx[:2]
