@@ -22,6 +22,7 @@ import numpy as np
 from prompt_jax import npy
 from prompt_jax import run_setup
 from prompt_jax import trees
+from prompt_jax.paths import nearest_existing
 from prompt_jax.errors import ConfigError
 from prompt_jax.evaluation import run as run_lib
 from prompt_jax.prompts import visibility
@@ -80,7 +81,8 @@ def export_npy(model: run_setup.ModelSpec, run: run_dir.RunDir,
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to export")
   into = bool(output) and (os.path.isdir(output) or output.endswith(("/", os.sep)))
-  if output and not into and not output.endswith(".npy"):  # out.txt held an .npy
+  if (output and not into and not output.endswith(".npy")  # out.txt held an .npy
+      and os.path.isdir(nearest_existing(os.path.dirname(os.path.abspath(output))))):
     raise ConfigError(f"--output {output} names neither a .npy file nor a directory: give "
                       f"--output={output}.npy, or --output={output}/ for a directory")
   if output and not into:
