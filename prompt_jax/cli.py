@@ -553,11 +553,8 @@ def _note_another_backbone(command: str, layers) -> None:
   key = ("INITIAL_CHECKPOINT_PATH", "gin.macro", "value")
   trained, now = layers.run_values.get(key), layering.snapshot().get(key)
   if key in layers.run_values and repr(trained) != repr(now):
-    import hashlib  # pylint: disable=g-import-not-at-top
     import gin  # pylint: disable=g-import-not-at-top
-    where = str(now).rstrip("/")
-    label = (f"{os.path.basename(where) or 'backbone'}-"
-             f"{hashlib.sha1(where.encode()).hexdigest()[:8]}")
+    label = paths.label(str(now))
     if command == "eval":
       gin.bind_parameter("prompt_jax.evaluate.backbone_label", label)
     layers.notes.append(f"the prompt runs on INITIAL_CHECKPOINT_PATH={now!r}, not the frozen "

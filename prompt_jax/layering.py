@@ -141,18 +141,20 @@ def _bound_number(name: str) -> Optional[float]:
   return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _gin_path(f: str) -> Optional[str]:
-  """Where gin finds the file `f` (as given, or in a search path)."""
-  from gin import config as gin_config  # pylint: disable=g-import-not-at-top
-  candidates = [f] + [os.path.join(d, f) for d in gin_config._LOCATION_PREFIXES]  # pylint: disable=protected-access
-  return next((p for p in candidates if os.path.exists(p)), None)
+def gin_path(f: str, search_paths: Optional[Sequence[str]] = None) -> Optional[str]:
+  """Where gin finds the file `f`: as given, or in a search path (gin's own by default)."""
+  if search_paths is None:
+    from gin import config as gin_config  # pylint: disable=g-import-not-at-top
+    search_paths = gin_config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  candidates = [f] + [os.path.join(d, f) for d in search_paths]
+  return next((p for p in candidates if os.path.isfile(p)), None)
 
 
 def _unbalanced(files: Sequence[str]) -> Optional[str]:
   """'<file>: a bracket opened on line N is never closed' for the first such gin file."""
   import io  # pylint: disable=g-import-not-at-top
   for f in files:
-    path = _gin_path(f)
+    path = gin_path(f)
     if path is None:
       continue
     with open(path) as fh:

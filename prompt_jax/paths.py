@@ -1,6 +1,7 @@
 """Where the packaged resources (gin files) live, for wheel and editable installs alike, a
 user's path made absolute, an earlier file or run kept aside, whether Google Cloud Storage
 can be reached, and the file that keeps a path from being a directory."""
+import hashlib
 import os
 import pathlib
 import socket
@@ -30,6 +31,16 @@ def absolute(path: str) -> str:
   if "://" in path:
     return path
   return os.path.abspath(os.path.expanduser(path))
+
+
+def label(path: str, keep_extension: bool = True) -> str:
+  """'<name>-<8 hex digits of its absolute path's sha1>': a file-name-safe label of a path that
+  two paths of one name (every prompt export is `encoder.prompt.prompt.prompt.npy`) never share."""
+  where = absolute(str(path).rstrip("/") or "/")
+  name = os.path.basename(where)
+  if not keep_extension:
+    name = os.path.splitext(name)[0]
+  return f"{name or 'root'}-{hashlib.sha1(where.encode()).hexdigest()[:8]}"
 
 
 def nearest_existing(path: str) -> str:

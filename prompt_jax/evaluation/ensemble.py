@@ -128,6 +128,22 @@ def run_method(model_dir: str) -> specs.MethodSpec:
 def run_model(model_dir: str) -> Tuple[specs.MethodSpec, str]:
   """(method spec, TRAINABLE_REGEX) a trained MODEL_DIR was trained with (from its config.gin);
   the regex is the run's own (wider than the spec's when it also trained e.g. encoder_norm)."""
+  record = read_run(model_dir)
+  return record.spec, record.regex
+
+
+@dataclasses.dataclass
+class RunRecord:
+  """What a trained MODEL_DIR's config.gin says it was trained with."""
+  spec: specs.MethodSpec
+  regex: str  # its TRAINABLE_REGEX
+  # {'task', 'initial_checkpoint'}: MIXTURE_OR_TASK_NAME and INITIAL_CHECKPOINT_PATH (a reference
+  # such as @prompt_jax.embedded_checkpoint_path() called); a value that cannot be read is left out
+  trained_with: Dict[str, Any]
+
+
+def read_run(model_dir: str) -> RunRecord:
+  """A trained MODEL_DIR's config.gin, parsed once (apart from the command's own gin)."""
   from prompt_jax import layering  # pylint: disable=g-import-not-at-top
   path = run_dir.config_path(model_dir)
   with open(path) as f:
@@ -138,29 +154,9 @@ def run_model(model_dir: str) -> Tuple[specs.MethodSpec, str]:
       gin.parse_config_files_and_bindings([layering.DEFAULTS_FILE], [], finalize_config=False)
       gin.parse_config(text)
       model = run_setup.model_spec()
-      spec, regex = model.prompt, model.trainable_regex
     except (ValueError, KeyError, SyntaxError, IOError) as e:
       raise ConfigError(f"{path}: {layering.first_line(e)}") from e
-  if spec is None:
-    raise ConfigError(f"{model_dir} is a full fine-tuning run: it has no prompt to ensemble")
-  return spec, regex
-
-
-def trained_with(model_dir: str) -> Dict[str, Any]:
-  """{'task', 'initial_checkpoint'} a trained MODEL_DIR was trained with (its config.gin's
-  MIXTURE_OR_TASK_NAME and INITIAL_CHECKPOINT_PATH, a reference such as
-  @prompt_jax.embedded_checkpoint_path() called); a value that cannot be read is left out."""
-  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-  with open(run_dir.config_path(model_dir)) as f:
-    text = f.read()
-  out = {}
-  with _isolated_gin():
-    gin.clear_config()
-    try:
-      gin.parse_config_files_and_bindings([layering.DEFAULTS_FILE], [], finalize_config=False)
-      gin.parse_config(text)
-    except Exception:  # pylint: disable=broad-except  (run_model has already read it)
-      return out
+    trained = {}
     for key, macro in (("task", "MIXTURE_OR_TASK_NAME"),
                        ("initial_checkpoint", "INITIAL_CHECKPOINT_PATH")):
       try:
@@ -170,8 +166,10 @@ def trained_with(model_dir: str) -> Dict[str, Any]:
       except Exception:  # pylint: disable=broad-except
         continue
       if isinstance(value, str) or value is None:
-        out[key] = value
-  return out
+        trained[key] = value
+  if model.prompt is None:
+    raise ConfigError(f"{model_dir} is a full fine-tuning run: it has no prompt to ensemble")
+  return RunRecord(model.prompt, model.trainable_regex, trained)
 
 
 def _same_path(a: Optional[str], b: Optional[str]) -> bool:
@@ -186,9 +184,7 @@ def warn_of_other_sources(members: List["Member"], task: str,
   than this command's (both legitimate in a transfer study, never silent)."""
   lines = []
   for m in members:
-    if not os.path.isdir(m.source):
-      continue
-    trained = trained_with(m.source)
+    trained = m.trained_with
     if "task" in trained and trained["task"] != task:
       lines.append(f"prompt {m.name!r} was trained on {trained['task']}, not {task}")
     if "initial_checkpoint" in trained and not _same_path(trained["initial_checkpoint"],
@@ -255,6 +251,7 @@ class Member:
   entry: Optional[bank_lib.BankEntry] = None
   spec: Optional[specs.MethodSpec] = None
   trainable: Optional[Dict[str, np.ndarray]] = None  # {path: array} (module members)
+  trained_with: Dict[str, Any] = dataclasses.field(default_factory=dict)  # RunRecord's (runs)
 
 
 def load_member(name: str, path: str, config, vocabulary) -> Member:
@@ -272,7 +269,8 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
   if not os.path.isfile(run_dir.config_path(path)):
     raise ConfigError(f"prompt {name!r}: {path} is neither a .npy file nor a trained MODEL_DIR "
                       f"(no config.gin)")
-  spec, regex = run_model(path)
+  record = read_run(path)
+  spec, regex = record.spec, record.regex
   try:  # a multi-task prompt reads each example's task id, which no member is given
     spec.check_features(("inputs", "targets"))
   except ConfigError:
@@ -305,9 +303,11 @@ def load_member(name: str, path: str, config, vocabulary) -> Member:
       prompt = np.asarray(jax.device_get(folded["prompt"]), np.float32)
       placement = specs.resolve_placement(spec.placement, vocabulary)
       entry = bank_lib.BankEntry(name, prompt, placement, path)
-      return Member(name, path, method, prompt.shape[0], entry=entry)
+      return Member(name, path, method, prompt.shape[0], entry=entry,
+                    trained_with=record.trained_with)
   trainable = {k: v for k, v in saved.items() if k in expected}
-  return Member(name, path, method, spec.length, spec=spec, trainable=trainable)
+  return Member(name, path, method, spec.length, spec=spec, trainable=trainable,
+                trained_with=record.trained_with)
 
 
 # ===== Running =====

@@ -7,7 +7,6 @@ its config.gin under your files and flags, so MODEL_DIR is all these need.
 """
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import os
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 
 from prompt_jax import partitioning
+from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError
@@ -232,9 +232,7 @@ def result_label(source: run_dir.RunDir, prompt_file: Optional[str]) -> str:
   overwrites a result."""
   if not prompt_file:
     return source.label
-  path = os.path.abspath(prompt_file)
-  stem = os.path.splitext(os.path.basename(path))[0]
-  return f"{stem}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+  return paths.label(prompt_file, keep_extension=False)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -24,6 +24,7 @@ INSTALL_HINT = (
     "pip install \"t5x @ git+https://github.com/google-research/t5x\" (or put its sources on "
     "PYTHONPATH)")
 
+
 def require_t5x() -> None:
   """The install hint as an ImportError when t5x cannot be imported; then registers prompt_jax's
   gin configurables (`register`). Called on import by the modules gin/t5x files import

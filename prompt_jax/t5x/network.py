@@ -24,11 +24,12 @@ import functools
 import logging
 import os
 import re
-from typing import Any, List, Mapping, Optional, Sequence, Set
+from typing import Any, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
 from prompt_jax import checkpoints
+from prompt_jax import layering
 from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax.checkpoints import t5x_legacy  # pylint: disable=unused-import
@@ -115,18 +116,15 @@ def check_gin_file_order() -> None:
     given = list(flags.FLAGS["gin_file"].value or []) if flags.FLAGS.is_parsed() else []
   except (ImportError, KeyError):  # not under a t5x binary
     return
-  error = gin_file_order_error(given, _search_paths())
+  error = gin_file_order_error(given)
   if error:
     raise ConfigError(error)
 
 
-def _search_paths() -> List[str]:
-  from gin import config as gin_config  # pylint: disable=g-import-not-at-top
-  return list(gin_config._LOCATION_PREFIXES)  # pylint: disable=protected-access
-
-
-def gin_file_order_error(gin_files: Sequence[str], search_paths: Sequence[str]) -> Optional[str]:
-  """The error `check_gin_file_order` raises for these --gin_file values, or None."""
+def gin_file_order_error(gin_files: Sequence[str],
+                         search_paths: Optional[Sequence[str]] = None) -> Optional[str]:
+  """The error `check_gin_file_order` raises for these --gin_file values, or None (files are
+  looked up as gin does; in `search_paths` if given)."""
   closures = [_packaged_includes(f, search_paths) for f in gin_files]
   for i, earlier in enumerate(closures):
     methods = sorted(f for f in earlier if f.startswith("t5x/prompts/"))
@@ -141,7 +139,7 @@ def gin_file_order_error(gin_files: Sequence[str], search_paths: Sequence[str]) 
   return None
 
 
-def _packaged_includes(name: str, search_paths: Sequence[str]) -> Set[str]:
+def _packaged_includes(name: str, search_paths: Optional[Sequence[str]]) -> Set[str]:
   """The packaged gin files (relative to gin_dir) that the file `name` is or includes, at any
   depth; files gin cannot find are left to gin's own error."""
   root = os.path.realpath(paths.gin_dir())
@@ -149,8 +147,7 @@ def _packaged_includes(name: str, search_paths: Sequence[str]) -> Set[str]:
   seen: Set[str] = set()
 
   def visit(name: str) -> None:
-    path = next((p for p in [name] + [os.path.join(d, name) for d in search_paths]
-                 if os.path.isfile(p)), None)
+    path = layering.gin_path(name, search_paths)
     if path is None or os.path.realpath(path) in seen:
       return
     seen.add(os.path.realpath(path))

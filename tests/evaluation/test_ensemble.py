@@ -411,8 +411,9 @@ def test_members_trained_on_another_task_or_frozen_model_are_warned_of(trained_r
   without a word (both can be meant: a transfer study); each is now one warning line."""
   from prompt_jax import embedded  # pylint: disable=g-import-not-at-top
   run = trained_runs["residual"]
-  member = ensemble.Member("r", run, "Residual", 4)
-  assert ensemble.trained_with(run) == {"task": TASK, "initial_checkpoint": embedded.CHECKPOINT_DIR}
+  trained_with = ensemble.read_run(run).trained_with
+  assert trained_with == {"task": TASK, "initial_checkpoint": embedded.CHECKPOINT_DIR}
+  member = ensemble.Member("r", run, "Residual", 4, trained_with=trained_with)
   assert ensemble.warn_of_other_sources([member], TASK, embedded.CHECKPOINT_DIR + "/") == []
   moved = str(tmp_path / "moved")
   assert ensemble.warn_of_other_sources([member], "glue_sst2_v002", moved) == [
