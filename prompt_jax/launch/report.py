@@ -286,11 +286,14 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
   fig.tight_layout()
   stem = _stem(x_axis.name, line_axes, fig_spec, used_stems if used_stems is not None else set())
   path = os.path.join(out_dir, stem + ".png")
-  fig.savefig(path, dpi=110)
-  with open(os.path.join(out_dir, stem + ".csv"), "w", newline="") as f:
+  fig.savefig(path + ".tmp", dpi=110, format="png")  # (each file whole or not at all)
+  os.replace(path + ".tmp", path)
+  csv_path = os.path.join(out_dir, stem + ".csv")
+  with open(csv_path + ".tmp", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
+  os.replace(csv_path + ".tmp", csv_path)
   return FigureData(path, x_axis.name, lines_name, metric, rows)
 
 

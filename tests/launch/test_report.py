@@ -49,6 +49,19 @@ def test_figures_of_the_same_axes_do_not_overwrite_each_other(tmp_path, monkeypa
     md = f.read()
   assert all(os.path.basename(p) in md for p in paths)
 
+  # A report that fails while drawing (a full disk, a kill) leaves the last one's figures whole.
+  before = {p: open(p, "rb").read() for p in paths}
+  def failing_savefig(fig, path, **kwargs):
+    del fig, kwargs
+    with open(path, "wb") as f:
+      f.write(b"\x89PNG half")
+    raise OSError(28, "No space left on device")
+  from matplotlib import figure as mpl_figure  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(mpl_figure.Figure, "savefig", failing_savefig)
+  with pytest.raises(OSError):
+    report.write(sweep)
+  assert {p: open(p, "rb").read() for p in paths} == before
+
 
 def test_unfinished_jobs_stay_out_of_the_means(tmp_path, monkeypatch):
   """A running or failed job's mid-run value is not averaged with the finished seeds' (it is in
