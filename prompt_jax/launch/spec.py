@@ -593,6 +593,14 @@ def build(spec: str, root: Optional[str] = None,
                         f"{dirs[job.model_dir].values} and {job.values}): make the labels of "
                         f"each axis distinct")
     dirs[job.model_dir] = job
+  fileless = [job.name for job in jobs if not job.gin_files]
+  if fileless:  # (`prompt-jax train` given no gin file refuses too: it names no model or task)
+    which = ("no job" if len(fileless) == len(jobs)
+             else f"job {fileless[0]}" + (f" (and {len(fileless) - 1} more)"
+                                          if len(fileless) > 1 else ""))
+    raise ConfigError(f"gin_files: {which} names a gin file, and train needs one for its model, "
+                      f"task and run settings: add e.g. `gin_files: [runs/embedded_default.gin]` "
+                      f"(the embedded default) or your own files to the spec")
   report = _report(data.get("report"), by_name)
   flags = ((f"--root={root}",) if given_root else ()) + tuple(
       f"--gin.{k}={v}" for k, v in overrides)

@@ -151,6 +151,18 @@ def test_empty_gin_file_axis(tmp_path):
   assert "axis 'init' is empty" in line
 
 
+@pytest.mark.parametrize("text,which", [
+    ("bindings: {TRAIN_STEPS: 4}\naxes:\n  PROMPT_LENGTH: [2, 4]\n", "no job names"),
+    ("axes:\n  m: {a: {gin_file: runs/embedded_default.gin}, b: {PROMPT_LENGTH: 2}}\n",
+     "job m-b names")])
+def test_a_job_without_a_gin_file_is_refused_as_train_refuses_it(tmp_path, text, which):
+  """A spec without gin_files was 'unknown gin macro TRAIN_STEPS (no gin file of any job binds
+  or uses it)', or a list of missing macros: neither said that the files were missing."""
+  line = _error(tmp_path, text, "plan")
+  assert line.startswith(f"prompt-jax sweep: error: gin_files: {which} a gin file"), line
+  assert "gin_files: [runs/embedded_default.gin]" in line
+
+
 def test_zip_axes_of_different_lengths(tmp_path):
   line = _error(tmp_path, BASE + "axes:\n  PROMPT_LENGTH: [4, 8]\n  DROPOUT_RATE: [0.0]\n"
                 "zip: [[PROMPT_LENGTH, DROPOUT_RATE]]\n", "run")
