@@ -809,6 +809,11 @@ def _main(argv: List[str]) -> int:
   if not verbose:  # a save that failed leaves orbax's coroutine unawaited: said at exit, not ours
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
                             category=RuntimeWarning)
+  if command not in _OWN_COMMANDS:  # a mistyped flag (and --help) before TensorFlow loads (s)
+    try:
+      _parser(command).parse_args(split_gin_dot_flags(rest)[0])
+    except Exception as e:  # pylint: disable=broad-except
+      return _error(command, e, verbose)
   # bench and plan read no data: they run where TensorFlow is absent (accelerator images).
   with console.quiet(enabled=not verbose, tensorflow=command not in ("bench", "plan")):
     try:
