@@ -133,11 +133,10 @@ class Sweep:
 
   def command(self, subcommand: str, *extra: str) -> str:
     """`prompt-jax sweep SUBCOMMAND SPEC` with this sweep's --root (when given) and --gin
-    overrides (but for report, which reads only the MODEL_DIRs): the line a final message
-    tells the user to run."""
-    flags = [f for f in self.flags if subcommand != "report" or not f.startswith("--gin.")]
+    overrides: the line a final message tells the user to run. (report needs the overrides
+    too: a run short of its TRAIN_STEPS is incomplete.)"""
     return " ".join(["prompt-jax sweep", subcommand,
-                     *map(shlex.quote, [self.path, *flags, *extra])])
+                     *map(shlex.quote, [self.path, *self.flags, *extra])])
 
   @property
   def local(self) -> bool:

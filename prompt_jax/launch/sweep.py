@@ -88,6 +88,16 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
         if args.target and args.target != target and given(name):
           raise ConfigError(f"--{name} is a flag of --target={target}, not of "
                             f"--target={args.target}: drop it")
+    if args.platform == "cpu" and given("gpus_per_node") and args.gpus_per_node != 0:
+      raise ConfigError("--gpus_per_node requests GPUs, but --platform=cpu requests none: drop "
+                        "one of them")
+
+
+def given_emit_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> List[str]:
+  """emit's flags the user gave but --target (`--nodes=2`), for the scripts' headers."""
+  return [f"--{name}={getattr(args, name)}" for name, subcommands in FLAG_SUBCOMMANDS.items()
+          if "emit" in subcommands and name != "target"
+          and getattr(args, name) != parser.get_default(name)]
 
 
 def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
@@ -160,13 +170,23 @@ def main(argv: Sequence[str], parse_gin: Optional[Callable[..., None]] = None,
                           zone=args.zone, project=args.project, nodes=args.nodes,
                           gpus_per_node=args.gpus_per_node, process_per=args.process_per,
                           platform=args.platform, partition=args.partition, time=args.time,
-                          max_parallel=args.max_parallel)
+                          max_parallel=args.max_parallel,
+                          given=given_emit_flags(args, parser))
       written = emit.emit(sweep, args.target, opts)
       for path in written:
         print(f"wrote {path}")
-      hint = {"slurm": f"submit: {os.path.join(os.path.dirname(written[0]), 'submit.sh')}",
-              "tpu-vm": f"run: TPU_NAME=... ZONE=... {written[0]}",
-              "local-script": f"run: {written[0]}"}[args.target]
+      script = emit.shell_quote(written[0])
+      if args.target == "tpu-vm" and sweep.local:
+        print(f"note: --root {sweep.root} is a local path: on a slice of several workers each "
+              f"writes its own copy there; a gs:// --root is shared by all of them")
+      named = {flag.split("=", 1)[0] for flag in opts.given}
+      tpu_vm_hint = (f"run: {script}" if {"--tpu_name", "--zone"} <= named else
+                     f"run: TPU_NAME=<name> ZONE=<zone> {script} (the script's defaults: "
+                     f"{opts.tpu_name} in {opts.zone})")
+      hint = {"slurm": "submit: " + emit.shell_quote(
+                  os.path.join(os.path.dirname(written[0]), "submit.sh")),
+              "tpu-vm": tpu_vm_hint,
+              "local-script": f"run: {script}"}[args.target]
       print(f"sweep {sweep.name}: {len(sweep.jobs)} jobs for {args.target}; {hint}", flush=True)
       return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
