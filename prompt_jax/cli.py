@@ -98,6 +98,10 @@ class _Error(Exception):
   """A usage/configuration error reported as one line."""
 
 
+# evaluation/export.py's FORMATS (tests/test_errors.py checks that they agree).
+EXPORT_FORMATS = ("npy", "peft")
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
   parser = errors.OneLineParser(
       prog=f"prompt-jax {command}",
@@ -141,9 +145,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=[], metavar="TEXT",
                         help="predict for this input text (repeatable) instead of the split; "
                              "the text is what the task's preprocessed `inputs` reads")
-  if command == "export":
-    from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
-    parser.add_argument("--format", choices=sorted(export.FORMATS), default="npy",
+  if command == "export":  # (flags are read before TensorFlow loads: no evaluation/ import here)
+    parser.add_argument("--format", choices=EXPORT_FORMATS, default="npy",
                         help="npy: the trained prompt as [PROMPT_LENGTH, emb_dim] (DPT, residual "
                              "and prefix methods folded); peft: a Hugging Face PEFT "
                              "prompt-tuning adapter dir (adapter_config.json + "

@@ -77,12 +77,20 @@ def test_a_mistyped_flag_is_said_before_tensorflow_loads():
   `prompt-jax train --bogus` or `eval --help`; they are now checked first."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  code = ("import sys; from prompt_jax import cli; rc = cli.main(['train', '--fromat=peft']); "
+  code = ("import sys; from prompt_jax import cli; rc = cli.main([{!r}, '--fromat=peft']); "
           "print(rc, 'tensorflow' in sys.modules)")
-  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        timeout=300, check=False)
-  assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
-  assert "unrecognized arguments: --fromat=peft" in done.stderr
+  for command in ("train", "export", "inspect"):  # (export's parser imported TensorFlow)
+    done = subprocess.run([sys.executable, "-c", code.format(command)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.stdout.split() == ["2", "False"], (command, done.stdout, done.stderr)
+    (line,) = done.stderr.splitlines()  # no TensorFlow/CUDA lines either
+    assert line.startswith(f"prompt-jax {command}: error: unrecognized arguments: --fromat=peft")
+
+
+def test_the_cli_names_export_formats_as_export_does():
+  from prompt_jax import cli  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import export  # pylint: disable=g-import-not-at-top
+  assert set(cli.EXPORT_FORMATS) == set(export.FORMATS)
 
 
 def test_our_warnings_are_our_lines_and_the_handler_goes_with_the_command(capsys):
