@@ -417,6 +417,10 @@ def _missing_macros(command: str) -> List[str]:
       missing.append(name)
   if command not in ("describe", "inspect"):  # these need only the model's bindings
     missing += [m for m in unbound_macros() if m not in missing]
+    from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+    missing += [scope for (scope, selector, _), value in layering.snapshot().items()
+                if selector == "gin.macro" and scope not in missing  # a file's `X = %gin.REQUIRED`
+                and (value is gin.REQUIRED or repr(value) == "%gin.REQUIRED")]
   return missing
 
 

@@ -110,6 +110,21 @@ def test_network_mismatch_through_the_cli_is_one_line(tmp_path):
                    "table"]
 
 
+def test_encoder_ipt_without_its_table_names_the_macro(tmp_path):
+  """ipt_encoder.gin's `IPT_TABLE_FILE = %gin.REQUIRED` reached os.stat: 'TypeError: stat: path
+  should be string ... not object', exit 1."""
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = cli.main(["train", "--gin_file=runs/embedded_default.gin",
+                     "--gin_file=prompts/ipt_encoder.gin", f"--gin.MODEL_DIR='{tmp_path}/run'"])
+  gin.clear_config()
+  assert code == 2
+  assert err.getvalue().strip().splitlines() == [
+      "prompt-jax train: error: missing required macro IPT_TABLE_FILE: set "
+      "--gin.IPT_TABLE_FILE=... or bind it in a gin file"]
+  assert not (tmp_path / "run").exists()
+
+
 def test_prefix_tuning_plus_ipt_gives_each_example_its_prefixes():
   spec = specs.deep_prefix(length=3, hidden=6, decoder=False,
                            source=specs.ipt_prompt(length=3))
