@@ -206,6 +206,9 @@ def _gin_hint(e: BaseException) -> str:
 
 
 def _rank(path: str) -> int:
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  if is_initialiser(paths.gin_dir(), path):  # after the method file, whatever the order given
+    return len(PACKAGED_ORDER)
   for rank, prefix in enumerate(PACKAGED_ORDER):
     if path.startswith(prefix):
       return rank
@@ -232,6 +235,56 @@ def packaged_macros() -> frozenset:
   return frozenset(names)
 
 
+# A method file's own line: the spec it trains (prompts/*.gin), `@prompt_jax.<configurable>()`.
+_METHOD_BINDING = re.compile(r"^\s*(?:prompt_jax\.)?model_spec\.prompt\s*=\s*@(?:prompt_jax\.)?"
+                             r"(\w+)\(\)", re.M)
+# An initialiser file's line (prompts/from_*.gin, uniform.gin): PROMPT_INIT starts the [P, H]
+# prompt of each method the included file binds.
+INITIALISERS_FILE = "prompts/init/every_method.gin"
+_INITIALISER = re.compile(rf"^include '{re.escape(INITIALISERS_FILE)}'", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def is_initialiser(gin_dir: str, f: str) -> bool:
+  return bool(_INITIALISER.search(_read(os.path.join(gin_dir, f))))
+
+
+def method_of(gin_dir: str, files: Sequence[str]) -> Optional[str]:
+  """The configurable the first method file (prompts/*.gin) among `files` trains, or None."""
+  for f in files:
+    if f.replace(os.sep, "/").startswith("prompts/"):
+      m = _METHOD_BINDING.search(_read(os.path.join(gin_dir, f)))
+      if m:
+        return m.group(1)
+  return None
+
+
+def check_method_files(gin_dir: str, packaged: Sequence[str]) -> None:
+  """Two packaged method files (the later would train, with settings left over from the other),
+  or an initialiser file with a method that has no [P, H] prompt to start (it would be ignored):
+  one ConfigError each."""
+  methods = [(f, method_of(gin_dir, [f])) for f in packaged if method_of(gin_dir, [f])]
+  if len(methods) > 1:
+    raise ConfigError(f"--gin_file={methods[0][0]} and --gin_file={methods[1][0]} each choose "
+                      f"the prompt method (prompt_jax.model_spec.prompt): give one method file; "
+                      f"initialisers (prompts/from_*.gin, uniform.gin) and prompts/visibility.gin "
+                      f"go with any method that has a prompt to start")
+  initialisers = [f for f in packaged if is_initialiser(gin_dir, f)]
+  if methods and initialisers:
+    takes = set(re.findall(r"^prompt_jax\.(\w+)\.\w+ = %PROMPT_INIT", _read(
+        os.path.join(gin_dir, INITIALISERS_FILE)), re.M))
+    (method_file, method), = methods
+    if method not in takes:
+      raise ConfigError(f"--gin_file={initialisers[0]} starts a [P, H] prompt, which "
+                        f"{method_file}'s {method} does not have (it would be ignored): drop it; "
+                        f"the method file's own macros set how it starts")
+
+
 def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
                 ) -> Tuple[List[str], List[str], List[str]]:
   """(search dirs, packaged files sorted general -> specific, own files in order)."""
@@ -253,6 +306,7 @@ def split_files(gin_files: Sequence[str], search_paths: Sequence[str]
           f"takes its own run files: "
           + (f"--gin_file={own_run}" if os.path.exists(os.path.join(gin_dir, own_run))
              else "runs/*.gin"))
+  check_method_files(gin_dir, packaged)
   own = [f for f in gin_files if f not in packaged]
   packaged.sort(key=_rank)  # stable: same-kind files keep their order
   for f in packaged + own:

@@ -8,6 +8,7 @@ from prompt_jax import cli
 from prompt_jax import console
 from prompt_jax import layering
 from prompt_jax import paths
+from prompt_jax.errors import ConfigError
 from prompt_jax.train import summaries
 
 
@@ -272,3 +273,38 @@ def test_ensemble_eval_without_settings_says_how_to_take_a_member_s(tmp_path, ca
   assert err.endswith(f"(ensemble-eval reads no run's config.gin: "
                       f"--gin_file={tmp_path}/a/config.gin gives that run's)\n"), err
   assert not os.path.exists(tmp_path / "ens")
+
+
+@pytest.mark.parametrize("method,init_of", [
+    ("residual", lambda spec: spec.init), ("wayward", lambda spec: spec.init),
+    ("per_layer", lambda spec: spec.init), ("multitask", lambda spec: spec.init),
+    ("mpt", lambda spec: spec.init), ("dpt_rank_probe", lambda spec: spec.init),
+    ("idpg", lambda spec: spec.prompt_init), ("idpg_multilayer", lambda spec: spec.prompt_init)])
+@pytest.mark.parametrize("initialiser", ["from_class_labels", "uniform"])
+def test_an_initialiser_file_starts_every_methods_prompt_in_either_order(method, init_of,
+                                                                         initialiser):
+  """prompts/from_class_labels.gin (or uniform.gin) with residual.gin trained residual's own
+  sampled-vocabulary P0 without a word (only plain prompt tuning read the file's init); a sweep
+  over initialisers of such a method changed nothing."""
+  from prompt_jax import run_setup  # pylint: disable=g-import-not-at-top
+  for files in ([f"prompts/{method}.gin", f"prompts/{initialiser}.gin"],
+                [f"prompts/{initialiser}.gin", f"prompts/{method}.gin"]):
+    cli.parse_gin(["runs/embedded_default.gin", *files], ["CLASS_LABELS = ['a', 'b']"], [])
+    init = init_of(run_setup.model_spec().prompt)
+    assert init is not None and init.__qualname__ == f"{initialiser}.<locals>.spec", files
+
+
+@pytest.mark.parametrize("files,expected", [
+    (["prompts/dpt.gin", "prompts/residual.gin"],  # (residual trained with DPT's clip_norm)
+     "--gin_file=prompts/dpt.gin and --gin_file=prompts/residual.gin each choose the prompt "
+     "method"),
+    (["prompts/from_class_labels.gin", "prompts/dpt.gin"],
+     "--gin_file=prompts/from_class_labels.gin starts a [P, H] prompt, which prompts/dpt.gin's "
+     "dpt does not have (it would be ignored)"),
+    (["prompts/prefix.gin", "prompts/uniform.gin"],
+     "--gin_file=prompts/uniform.gin starts a [P, H] prompt, which prompts/prefix.gin's "
+     "deep_prefix does not have")])
+def test_method_files_that_cannot_go_together_are_one_line(files, expected):
+  with pytest.raises(ConfigError) as e:
+    layering.split_files(["runs/embedded_default.gin", *files], [])
+  assert str(e.value).startswith(expected), e.value

@@ -126,6 +126,21 @@ def gin_file_order_error(gin_files: Sequence[str],
   """The error `check_gin_file_order` raises for these --gin_file values, or None (files are
   looked up as gin does; in `search_paths` if given)."""
   closures = [_packaged_includes(f, search_paths) for f in gin_files]
+  gin_dir = paths.gin_dir()
+  # prompt-jax's own method and initialiser files, which the t5x/prompts/ files include.
+  own = [sorted(f for f in closure if f.startswith("prompts/")) for closure in closures]
+  try:
+    layering.check_method_files(gin_dir, [f for files in own for f in files])
+  except ConfigError as e:  # (named by the files t5x was given)
+    given = {f: gin_files[i] for i, files in enumerate(own) for f in files}
+    return re.sub(r"--gin_file=(\S+?\.gin)", lambda m: f"--gin_file={given.get(m[1], m[1])}",
+                  str(e))
+  for i, j in ((i, j) for i in range(len(own)) for j in range(i + 1, len(own))):
+    if any(layering.is_initialiser(gin_dir, f) for f in own[i]) and \
+        layering.method_of(gin_dir, own[j]):
+      return (f"--gin_file={gin_files[i]} comes before --gin_file={gin_files[j]}, a method "
+              f"file that sets its own initialisation: in gin the later file wins, so the "
+              f"initialiser would be ignored; give it after {gin_files[j]}")
   for i, earlier in enumerate(closures):
     methods = sorted(f for f in earlier if f.startswith("t5x/prompts/"))
     if not methods:

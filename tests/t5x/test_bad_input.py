@@ -95,6 +95,23 @@ def test_gin_file_order_error_finds_includes_at_any_depth(tmp_path):
   assert error and error.startswith(f"--gin_file={mine} comes before "
                                     f"--gin_file=t5x/models/t5_1_1_base_prompt.gin"), error
   assert "so t5x/prompts/dpt.gin would be ignored" in error
+  # prompt-jax's own checks of method files, on the files t5x is given: an initialiser before a
+  # method file that sets its own (residual's P0), two methods, an initialiser DPT cannot use.
+  base = "t5x/models/t5_1_1_base_prompt.gin"
+  assert network.gin_file_order_error(
+      [base, "t5x/prompts/residual.gin", "t5x/prompts/from_class_labels.gin"], search) is None
+  assert network.gin_file_order_error(
+      [base, "t5x/prompts/from_class_labels.gin", "t5x/prompts/residual.gin"], search
+  ).startswith("--gin_file=t5x/prompts/from_class_labels.gin comes before "
+               "--gin_file=t5x/prompts/residual.gin, a method file that sets its own "
+               "initialisation")
+  assert network.gin_file_order_error(
+      [base, "t5x/prompts/dpt.gin", "t5x/prompts/residual.gin"], search
+  ).startswith("--gin_file=t5x/prompts/dpt.gin and --gin_file=t5x/prompts/residual.gin each "
+               "choose the prompt method")
+  assert network.gin_file_order_error(
+      [base, "t5x/prompts/dpt.gin", "t5x/prompts/uniform.gin"], search
+  ).startswith("--gin_file=t5x/prompts/uniform.gin starts a [P, H] prompt, which ")
 
 
 def test_eval_with_another_prompt_length_names_the_parameter(tmp_path):
