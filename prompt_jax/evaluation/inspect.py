@@ -341,8 +341,7 @@ def run_prompt(model, run) -> np.ndarray:
   if model.prompt is None:
     raise ConfigError("this run trains no prompt (full fine-tuning): nothing to inspect")
   if model.prompt.input_dependent:
-    raise ConfigError(f"{model.prompt.name} generates its prompt from each input: there is no "
-                      f"fixed prompt to inspect")
+    raise ConfigError(f"{model.prompt.no_fixed_prompt}: there is no fixed prompt to inspect")
   if model.prompt.input_positions == 0:  # a deep prefix alone (with an input prompt: that one)
     raise ConfigError(f"{model.prompt.name} trains key/value prefixes, not input embeddings: "
                       f"nothing to compare with the vocabulary")

@@ -53,9 +53,9 @@ def check_representable(spec, config) -> None:
     raise ConfigError("this run trains no prompt (full fine-tuning): there is no PEFT "
                       "prompt-tuning adapter to export")
   if spec.input_dependent:
-    raise ConfigError(f"PEFT cannot represent {spec.name}: its prompt is generated from each "
-                      f"input, a PEFT prompt-tuning adapter is one fixed [P, H] prompt "
-                      f"(evaluate or infer with its MODEL_DIR instead)")
+    raise ConfigError(f"PEFT cannot represent {spec.name}: {spec.no_fixed_prompt}, a PEFT "
+                      f"prompt-tuning adapter is one fixed [P, H] prompt (evaluate or infer "
+                      f"with its MODEL_DIR instead)")
   shapes = specs.Backbone(config)
   if (spec.input_positions == 0 or spec.layer_hook(shapes) is not None
       or spec.decoder_layer_hook(shapes) is not None

@@ -204,7 +204,9 @@ CONFIG = get_config("t5_1_1_small", emb_dim=64, num_heads=4, head_dim=16, mlp_di
 @pytest.mark.parametrize("spec,message", [
     (specs.idpg_prompt(length=4, bottleneck=8), "IDPG generates its prompt from each input"),
     (specs.deep_prefix(length=3, hidden=16), "DeepPrefix trains key/value prefixes"),
-], ids=["idpg", "deep_prefix"])
+    (specs.per_layer_prompt(length=4), "PerLayer has one prompt per encoder layer"),
+    (specs.mpt_prompt(length=4, num_tasks=2), r"MPT has one prompt per task \(NUM_TASKS=2\)"),
+], ids=["idpg", "deep_prefix", "per_layer", "mpt"])
 def test_inspect_refuses_methods_without_an_input_embedding_prompt(probe_run, spec, message):
   model = run_setup.ModelSpec(config=CONFIG, prompt=spec, trainable_regex=spec.trainable_regex)
   before = sorted(os.listdir(probe_run))

@@ -175,8 +175,13 @@ def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
 
 @pytest.mark.parametrize("spec,message", [
     (specs.idpg_prompt(length=4, bottleneck=8),
-     "PEFT cannot represent IDPG: its prompt is generated from each input"),
-    (specs.ipt_prompt(length=4), "PEFT cannot represent IPT: its prompt is generated from each"),
+     "PEFT cannot represent IDPG: IDPG generates its prompt from each input"),
+    (specs.ipt_prompt(length=4), "PEFT cannot represent IPT: IPT generates its prompt from each"),
+    # (these two were said to generate their prompt from each input)
+    (specs.per_layer_prompt(length=4),
+     "PEFT cannot represent PerLayer: PerLayer has one prompt per encoder layer"),
+    (specs.multitask_prompt(length=4, num_tasks=2),
+     "PEFT cannot represent MultiTask: MultiTask has one prompt per task (NUM_TASKS=2)"),
     (specs.deep_prefix(length=4), "PEFT's prompt tuning cannot represent DeepPrefix's per-layer "
                                   "key/value prefixes"),
     (specs.deep_prefix(length=4, input_prompt=specs.prompt_tuning(length=4)),
@@ -187,7 +192,8 @@ def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
                          visibility="input->prompt,prompt->prompt;causal"),
      "PEFT's virtual tokens and the input always see each other, this run trained with "
      "PROMPT_VISIBILITY="),
-], ids=["idpg", "ipt", "deep_prefix", "deep_prefix_with_prompt", "suffix", "visibility"])
+], ids=["idpg", "ipt", "per_layer", "multitask", "deep_prefix", "deep_prefix_with_prompt",
+        "suffix", "visibility"])
 def test_export_refuses_what_peft_cannot_represent_and_writes_nothing(hf_run, spec, message):
   _, model_dir = hf_run
   before = sorted(os.listdir(model_dir))

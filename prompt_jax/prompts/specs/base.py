@@ -141,6 +141,12 @@ class MethodSpec:
     return self.reads_input_tokens
 
   @property
+  def no_fixed_prompt(self) -> str:
+    """Why an `input_dependent` method has no single [P, H] prompt ('IDPG generates its prompt
+    from each input'), for messages."""
+    return f"{self.name} generates its prompt from each input"
+
+  @property
   def name(self) -> str:
     """The method's name in messages."""
     return type(self).__name__.removesuffix("Spec")
@@ -153,8 +159,8 @@ class MethodSpec:
     `params` (nested, model paths: params['encoder']['prompt']['prompt'][...])."""
     del params, config
     if self.input_dependent:
-      raise ConfigError(f"{self.name} generates its prompt from each input: there is no fixed "
-                        f"prompt to export (evaluate or infer with its MODEL_DIR instead)")
+      raise ConfigError(f"{self.no_fixed_prompt}: there is no fixed prompt to export (evaluate "
+                        f"or infer with its MODEL_DIR instead)")
     raise ConfigError(f"{self.name} cannot be folded into plain prompt arrays")
 
   def auxiliary_loss(self, backbone: "Backbone") -> Optional[Callable[[PyTree, PyTree], Any]]:

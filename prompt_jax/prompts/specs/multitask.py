@@ -61,6 +61,11 @@ class MultiTaskSpec(base.MethodSpec):
   def input_dependent(self) -> bool:
     return True  # the prompt depends on each example's task
 
+  @property
+  def no_fixed_prompt(self) -> str:
+    return (f"{self.name} has one prompt per task (NUM_TASKS={self.num_tasks}), chosen by each "
+            f"example's task")
+
   def check(self, config):
     super().check(config)
     _check_tasks(self.num_tasks)
@@ -114,6 +119,11 @@ class MPTSpec(base.MethodSpec):
   @property
   def input_dependent(self) -> bool:
     return self.num_tasks > 1
+
+  @property
+  def no_fixed_prompt(self) -> str:
+    return (f"{self.name} has one prompt per task (NUM_TASKS={self.num_tasks}), chosen by each "
+            f"example's task")
 
   def check_features(self, names):
     if self.num_tasks > 1 and multitask.TASK_INDEX not in names:

@@ -21,6 +21,10 @@ class PerLayerSpec(base.MethodSpec):
   def input_dependent(self) -> bool:
     return True  # no single [P, H] prompt: every layer has its own
 
+  @property
+  def no_fixed_prompt(self) -> str:
+    return f"{self.name} has one prompt per encoder layer, not one [P, H] prompt"
+
   def check(self, config):
     super().check(config)
     if self.mode not in per_layer.MODES:
