@@ -145,6 +145,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=[], metavar="TEXT",
                         help="predict for this input text (repeatable) instead of the split; "
                              "the text is what the task's preprocessed `inputs` reads")
+    parser.add_argument("--input_task", default=None, metavar="TASK",
+                        help="on a multi-task mixture: the task (index or name) whose prompt "
+                             "the --input texts get (a multi-task prompt needs it)")
   if command == "export":  # (flags are read before TensorFlow loads: no evaluation/ import here)
     parser.add_argument("--format", choices=EXPORT_FORMATS, default="npy",
                         help="npy: the trained prompt as [PROMPT_LENGTH, emb_dim] (DPT, residual "
@@ -637,7 +640,8 @@ def _eval(args) -> None:
 
 def _infer(args) -> None:
   from prompt_jax.evaluation import run as run_lib  # pylint: disable=g-import-not-at-top
-  run_lib.infer(inputs=args.input or None)  # its last line: "wrote N predictions to <file>"
+  # its last line: "wrote N predictions to <file>"
+  run_lib.infer(inputs=args.input or None, input_task=args.input_task)
 
 
 def _ensemble_eval(args) -> None:

@@ -5,7 +5,8 @@ example's task prompt by it.
 
   register_multitask_mixture("my_mix", ["task_a", "task_b"])   # task_a -> 0, task_b -> 1
 """
-from typing import Optional, Sequence
+import re
+from typing import List, Optional, Sequence, Tuple
 
 import seqio
 import tensorflow as tf
@@ -29,6 +30,16 @@ def add_task_index(index: int):
 def copy_name(mixture: str, index: int, task_name: str) -> str:
   """The name of the mixture's copy of its `index`-th task."""
   return f"{mixture}__{index}_{task_name}"
+
+
+def tasks_of(mixture: str) -> List[Tuple[int, str, str]]:
+  """[(task_index, copy's name, task's name)] of a mixture `register_multitask_mixture` made, by
+  task_index; [] for any other name."""
+  if mixture not in seqio.MixtureRegistry.names():
+    return []
+  found = [re.fullmatch(rf"{re.escape(mixture)}__(\d+)_(.+)", t.name)
+           for t in seqio.get_mixture_or_task(mixture).tasks]
+  return sorted((int(m[1]), m[0], m[2]) for m in found if m)
 
 
 def register_multitask_mixture(name: str, task_names: Sequence[str],

@@ -21,7 +21,7 @@ from prompt_jax import partitioning
 from prompt_jax import paths
 from prompt_jax import run_setup
 from prompt_jax import trees
-from prompt_jax.errors import ConfigError
+from prompt_jax.errors import ConfigError, did_you_mean
 from prompt_jax.evaluation import inference
 from prompt_jax.prompts import specs
 from prompt_jax.train import checkpointing
@@ -208,6 +208,36 @@ def trained_eval_split(config_file: str) -> Optional[str]:
   return value if isinstance(value, str) else None
 
 
+def _inputs_task(dataset_cfg, input_task: Optional[str], model: run_setup.ModelSpec,
+                 inputs) -> Optional[Tuple[int, str]]:
+  """(task_index, the mixture's copy of the task) that `--input` texts belong to, or None (not a
+  multi-task mixture, nothing asked); one ConfigError when it cannot be told."""
+  from prompt_jax.tasks import multitask as multitask_tasks  # pylint: disable=g-import-not-at-top
+  mixture = dataset_cfg.mixture_or_task_name
+  data_lib.get_task(mixture, dataset_cfg.module)  # (registers it)
+  tasks = multitask_tasks.tasks_of(mixture)
+  choices = ", ".join(f"{i} ({name})" for i, _, name in tasks)
+  if input_task is not None and not inputs:
+    raise ConfigError("--input_task names the task of --input texts: give --input=TEXT too (the "
+                      "split's examples carry their own task)")
+  if input_task is None:
+    try:
+      if model.prompt is not None and model.prompt.input_dependent:
+        model.prompt.check_features(("inputs", "targets"))
+    except ConfigError:
+      raise ConfigError("this multi-task prompt needs each input's task: give --input_task="
+                        "<index or name>" + (f", one of {choices}" if tasks else "")) from None
+    return None
+  if not tasks:
+    raise ConfigError(f"--input_task picks a task of a multi-task mixture, and "
+                      f"MIXTURE_OR_TASK_NAME={mixture!r} is not one: drop --input_task")
+  for index, copy, name in tasks:
+    if input_task in (str(index), name, copy):
+      return index, copy
+  raise ConfigError(f"--input_task={input_task!r} is not a task of {mixture}: give one of "
+                    f"{choices}{did_you_mean(input_task, [n for _, _, n in tasks])}")
+
+
 def result_stem(task_name: str, split: str, *labels: str) -> str:
   """'<task>-<split>[-<label>...]', the name (less its extension) of a result of a task's split:
   eval, infer, ensemble-eval and bank infer all name the split, so results of several splits
@@ -319,13 +349,16 @@ def infer(*, model_dir: str = gin.REQUIRED,
           initial_checkpoint_path: Optional[str] = None, checkpoint_path: Optional[str] = None,
           prompt_file: Optional[str] = None, num_partitions: int = 1,
           model: Optional[run_setup.ModelSpec] = None,
-          inputs: Optional[Sequence[str]] = None, print_fn=print, prompt_bank=None) -> str:
+          inputs: Optional[Sequence[str]] = None, print_fn=print, prompt_bank=None,
+          input_task: Optional[str] = None) -> str:
   """Writes MODEL_DIR/inference/<task>-<split>[-beam<K>].jsonl: {"idx", "inputs", "prediction",
   "targets"}; `idx` where the task's examples have one, `targets` where they are labelled;
   `-beam<K>` names a decoding other than greedy (`decoding_label`).
 
   With `inputs` (texts, `--input` on the command line): predicts those instead, prints
-  'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl.
+  'TEXT -> PREDICTION' lines and writes MODEL_DIR/inference/<task>-inputs.jsonl. On a multi-task
+  mixture `input_task` (`--input_task`: a task's name or index) says whose prompt they get
+  (`...-inputs-task<k>.jsonl`); a multi-task prompt needs it.
   With `prompt_bank` (PROMPT_BANK): each example names its prompt, one frozen model serves them
   all in mixed batches (`evaluation.ensemble.bank_infer`).
   """
@@ -342,6 +375,9 @@ def infer(*, model_dir: str = gin.REQUIRED,
                                initial_checkpoint_path=initial_checkpoint_path,
                                num_partitions=num_partitions, model=model, inputs=inputs)
   decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
+  inputs_task = None
+  if inputs or input_task is not None:
+    inputs_task = _inputs_task(dataset_cfg, input_task, model or run_setup.model_spec(), inputs)
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
@@ -355,7 +391,13 @@ def infer(*, model_dir: str = gin.REQUIRED,
     targets = [None] * len(texts)
     row_keys = [{}] * len(texts)
     row_tasks = [task.name] * len(texts)
-    name = result_stem(task.name, "inputs", *decoding_label(decoding_cfg)) + ".jsonl"
+    labels = decoding_label(decoding_cfg)
+    if inputs_task is not None:  # one task of a multi-task mixture: its prompt and its labels
+      index, copy = inputs_task
+      task_ids = np.full([len(texts)], index, np.int32)  # [N]
+      row_tasks = [copy] * len(texts)
+      labels = (f"task{index}",) + labels
+    name = result_stem(task.name, "inputs", *labels) + ".jsonl"
   else:
     examples = _split_rows(task, dataset_cfg)
     if not examples:

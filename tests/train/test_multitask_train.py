@@ -88,6 +88,24 @@ def test_two_task_mixture_trains_each_tasks_prompt(tmp_path):
     mine = [r for r in rows if r["task"] == k]
     assert len(mine) == 256 and all(alone[r["inputs"]] == {r["prediction"]} for r in mine), k
 
+  # `--input` texts get the prompt of the task --input_task names (index or name): the
+  # predictions of those rows in the mixture. Without it: one line naming the choices (it was
+  # "no `task_ids` feature; train on a mixture registered with ...", which it was).
+  texts = [r["inputs"] for r in rows if r["task"] == 1][:3]
+  infer_inputs = ["infer", "--gin_file=runs/prompt_infer.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                  *[f"--input={t}" for t in texts]]
+  out = common.cli_subprocess(infer_inputs + ["--input_task=embedded_first_letter"], timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:]
+  with open(os.path.join(model_dir, "inference", "embedded_last_first-inputs-task1.jsonl")) as f:
+    got = [json.loads(line) for line in f]
+  in_mixture = {r["inputs"]: r["prediction"] for r in rows if r["task"] == 1}
+  assert [g["prediction"] for g in got] == [in_mixture[t] for t in texts]
+  assert {g["task"] for g in got} == {1}
+  out = common.cli_subprocess(infer_inputs, timeout=600)
+  assert out.returncode == 2 and out.stdout.strip().splitlines()[-1] == (
+      "prompt-jax infer: error: this multi-task prompt needs each input's task: give "
+      "--input_task=<index or name>, one of 0 (embedded_last_letter), 1 (embedded_first_letter)")
+
 
 BAD = {
     "no_task_index": (["--gin.NUM_TASKS=2"],  # the single-task embedded default
