@@ -1,4 +1,6 @@
 """Method specs and gin files: abstract-shape parameter counts equal each method's formula."""
+import dataclasses
+
 import gin
 import jax
 import numpy as np
@@ -79,6 +81,21 @@ def test_bad_spec_inputs_are_clear_errors():
     specs.dpt(length=2, rank=0).factory()
   with pytest.raises(ConfigError, match="encoder IPT needs IPT_TABLE_FILE"):
     specs.ipt_prompt(length=2, mode="encoder").factory(config=CFG)
+
+
+@pytest.mark.parametrize("spec,rate", [
+    (specs.residual_prompt(length=2, bottleneck=4, dropout_rate=1.5), "1.5"),
+    (specs.deep_prefix(length=2, hidden=4, dropout_rate=-0.1), "-0.1"),
+    (specs.p_tuning(length=2, dropout_rate=1.0), "1.0"),
+    (specs.idpg_prompt(length=2, bottleneck=8, dropout_rate="0.1"), "'0.1'")],
+    ids=["residual", "prefix", "p_tuning", "idpg"])
+def test_a_dropout_rate_outside_zero_to_one_is_one_line(spec, rate):
+  """RESIDUAL_DROPOUT=1.5 trained on (flax scales by 1 / (1 - rate))."""
+  with pytest.raises(ConfigError, match=rf"^{spec.name}'s dropout rate must be in \[0, 1\) "
+                                        rf"\(the share of units dropped\), got {rate}$"):
+    spec.check(CFG)
+  ok = dataclasses.replace(spec, dropout_rate=0.0)
+  ok.check(CFG)  # (0 is no dropout)
 
 
 METHOD_GIN = ["dpt.gin", "residual.gin", "prefix.gin", "idpg.gin", "ipt.gin", "ipt_encoder.gin",
