@@ -16,6 +16,10 @@ REFERENCE = {  # method file: (lr, b1, b2, eps, weight decay)
     "prompts/idpg.gin": (5e-4, 0.9, 0.98, 1e-6, 0.1),
     "prompts/idpg_multilayer.gin": (5e-4, 0.9, 0.98, 1e-6, 0.1),
     "prompts/residual.gin": (0.3, 0.9, 0.999, 1e-8, 1e-5),
+    # PEFT's P-tuning example (P_Tuning.ipynb: torch AdamW lr 1e-3, its weight decay 0.01); was
+    # Adafactor at 0.3, under which the reparameterisation network diverged (s_max ~1e4 in 4
+    # steps on the embedded default).
+    "prompts/p_tuning.gin": (1e-3, 0.9, 0.999, 1e-8, 0.01),
 }
 
 
@@ -50,10 +54,12 @@ OWN_RATE = {  # run/method files -> the rate they train with (the papers'), unle
     ("prompts/idpg.gin",): 5e-4,
     ("prompts/idpg_multilayer.gin",): 5e-4,
     ("prompts/residual.gin",): 0.3,
+    ("prompts/p_tuning.gin",): 1e-3,
     ("runs/model_finetune.gin",): 1e-3,
 }
 METHOD_MACRO = {"prompts/dpt.gin": "DPT_LR", "prompts/prefix.gin": "PREFIX_LR",
-                "prompts/idpg.gin": "IDPG_LR", "prompts/residual.gin": "RESIDUAL_LR"}
+                "prompts/idpg.gin": "IDPG_LR", "prompts/residual.gin": "RESIDUAL_LR",
+                "prompts/p_tuning.gin": "P_TUNING_LR"}
 
 
 def _applied_rate(files, bindings):
