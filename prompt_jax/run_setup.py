@@ -80,10 +80,6 @@ def t5_config(preset: str = gin.REQUIRED, dropout_rate: Optional[float] = None,
               **overrides) -> T5Config:
   """A T5 preset (models/config.py PRESETS) with run-level overrides."""
   if dropout_rate is not None:
-    if isinstance(dropout_rate, bool) or not isinstance(dropout_rate, (int, float)) or \
-        not 0 <= dropout_rate < 1:
-      raise ConfigError(f"DROPOUT_RATE (the frozen model's dropout) must be in [0, 1), got "
-                        f"{dropout_rate!r}")
     overrides["dropout_rate"] = dropout_rate
   if vocab_size is not None:
     overrides["vocab_size"] = vocab_size

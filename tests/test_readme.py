@@ -246,7 +246,7 @@ def test_packaged_files_added_to_eval_change_nothing(journey, extra):
   assert code == 0, err
   assert "final metrics: embedded_last_letter/accuracy=100.0000" in out, out
   if "--gin_file=prompts/uniform.gin" in extra:  # the run's initializer stays, and says so
-    assert "prompts/uniform.gin's @prompt_jax.uniform() does not apply" in out, out
+    assert "prompts/uniform.gin's %PROMPT_INIT does not apply" in out, out
 
 
 def test_prompt_length_override_contradicting_the_checkpoint_is_one_line(journey):

@@ -93,13 +93,11 @@ def check_length(length: int, minimum: int = 1, what: str = "PROMPT_LENGTH") -> 
   check_integer(length, what, minimum)
 
 
-def check_dropout(spec: "MethodSpec") -> None:
-  """A spec's `dropout_rate` (where it has one) in [0, 1): flax drops every unit at 1 and
-  scales by 1 / (1 - rate), so a rate of 1.5 trained on silently."""
-  rate = getattr(spec, "dropout_rate", None)
-  if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
-                           or not 0 <= rate < 1):
-    raise ConfigError(f"{spec.name}'s dropout rate must be in [0, 1) (the share of units "
+def check_dropout(rate: Any, method: str) -> None:
+  """A method's dropout rate in [0, 1): flax drops every unit at 1 and scales by 1 / (1 - rate),
+  so a rate of 1.5 trained on silently."""
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+    raise ConfigError(f"{method}'s dropout rate must be in [0, 1) (the share of units "
                       f"dropped), got {rate!r}")
 
 
@@ -209,7 +207,6 @@ class MethodSpec:
   def check(self, config: Optional[T5Config]) -> None:
     """Raises one ConfigError for a bad configuration (config-dependent checks need config)."""
     check_length(self.length, self.MIN_LENGTH)
-    check_dropout(self)
     config_error(lambda: visibility.parse(self.visibility))
 
   def method(self, backbone: Backbone) -> Optional[ModuleFactory]:

@@ -44,6 +44,7 @@ class IDPGSpec(base.MethodSpec):
 
   def check(self, config):
     super().check(config)
+    base.check_dropout(self.dropout_rate, self.name)
     emb_dim = config.emb_dim if config is not None else self.phm_n  # H unknown: skip its check
     base.config_error(lambda: idpg.check(
         length=self.length, emb_dim=emb_dim, bottleneck=self.bottleneck,

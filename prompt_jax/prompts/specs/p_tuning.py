@@ -18,6 +18,7 @@ class PTuningSpec(base.MethodSpec):
 
   def check(self, config):
     super().check(config)
+    base.check_dropout(self.dropout_rate, self.name)
     if self.encoder not in p_tuning_lib.ENCODERS:
       raise ConfigError(f"unknown P-tuning encoder {self.encoder!r}; set P_TUNING_ENCODER to "
                         f"one of {', '.join(p_tuning_lib.ENCODERS)}")

@@ -68,7 +68,7 @@ class DeepPrefixSpec(base.MethodSpec):
 
   def check(self, config):
     base.check_length(self.length, self.MIN_LENGTH)
-    base.check_dropout(self)
+    base.check_dropout(self.dropout_rate, self.name)
     if self.cross and not self.decoder:
       raise ConfigError("cross-attention prefixes (PREFIX_CROSS=True) come with the decoder's "
                         "self-attention prefixes: set PREFIX_DECODER=True or PREFIX_CROSS=False")

@@ -18,6 +18,7 @@ class ResidualSpec(base.MethodSpec):
 
   def check(self, config):
     super().check(config)
+    base.check_dropout(self.dropout_rate, self.name)
     if self.bottleneck <= 0:
       raise ConfigError(f"residual MLP bottleneck must be > 0, got {self.bottleneck}")
 
