@@ -254,35 +254,49 @@ def is_initialiser(gin_dir: str, f: str) -> bool:
   return bool(_INITIALISER.search(_read(os.path.join(gin_dir, f))))
 
 
+_INCLUDE = re.compile(r"^\s*include\s+['\"]([^'\"]+)['\"]", re.M)
+
+
+def prompt_includes(gin_dir: str, f: str) -> List[str]:
+  """The packaged prompts/ files that the packaged file `f` includes itself."""
+  return [i for i in _INCLUDE.findall(_read(os.path.join(gin_dir, f)))
+          if i.startswith("prompts/") and os.path.isfile(os.path.join(gin_dir, i))]
+
+
 def method_of(gin_dir: str, files: Sequence[str]) -> Optional[str]:
-  """The configurable the first method file (prompts/*.gin) among `files` trains, or None."""
+  """The configurable the first method file (prompts/*.gin) among `files` trains, or None; a
+  file that builds on another method file (prefix_ipt.gin includes prefix.gin) trains its."""
   for f in files:
     if f.replace(os.sep, "/").startswith("prompts/"):
       m = _METHOD_BINDING.search(_read(os.path.join(gin_dir, f)))
       if m:
         return m.group(1)
+      included = method_of(gin_dir, prompt_includes(gin_dir, f))
+      if included:
+        return included
   return None
 
 
-def check_method_files(gin_dir: str, packaged: Sequence[str]) -> None:
+def check_method_files(gin_dir: str, packaged: Sequence[str],
+                       named: Callable[[str], str] = lambda f: f) -> None:
   """Two packaged method files (the later would train, with settings left over from the other),
   or an initialiser file with a method that has no [P, H] prompt to start (it would be ignored):
-  one ConfigError each."""
-  methods = [(f, method_of(gin_dir, [f])) for f in packaged if method_of(gin_dir, [f])]
+  one ConfigError each, naming each file as `named` does (as the user gave it)."""
+  methods = [(f, m) for f in packaged for m in [method_of(gin_dir, [f])] if m]
   if len(methods) > 1:
-    raise ConfigError(f"--gin_file={methods[0][0]} and --gin_file={methods[1][0]} each choose "
-                      f"the prompt method (prompt_jax.model_spec.prompt): give one method file; "
-                      f"initialisers (prompts/from_*.gin, uniform.gin) and prompts/visibility.gin "
-                      f"go with any method that has a prompt to start")
+    raise ConfigError(f"--gin_file={named(methods[0][0])} and --gin_file={named(methods[1][0])} "
+                      f"each choose the prompt method (prompt_jax.model_spec.prompt): give one "
+                      f"method file; initialisers (prompts/from_*.gin, uniform.gin) and "
+                      f"prompts/visibility.gin go with any method that has a prompt to start")
   initialisers = [f for f in packaged if is_initialiser(gin_dir, f)]
   if methods and initialisers:
     takes = set(re.findall(r"^prompt_jax\.(\w+)\.\w+ = %PROMPT_INIT", _read(
         os.path.join(gin_dir, INITIALISERS_FILE)), re.M))
     (method_file, method), = methods
     if method not in takes:
-      raise ConfigError(f"--gin_file={initialisers[0]} starts a [P, H] prompt, which "
-                        f"{method_file}'s {method} does not have (it would be ignored): drop it; "
-                        f"the method file's own macros set how it starts")
+      raise ConfigError(f"--gin_file={named(initialisers[0])} starts a [P, H] prompt, which "
+                        f"{named(method_file)}'s {method} does not have (it would be ignored): "
+                        f"drop it; the method file's own macros set how it starts")
 
 
 def split_files(gin_files: Sequence[str], search_paths: Sequence[str]

@@ -303,7 +303,14 @@ def test_an_initialiser_file_starts_every_methods_prompt_in_either_order(method,
      "dpt does not have (it would be ignored)"),
     (["prompts/prefix.gin", "prompts/uniform.gin"],
      "--gin_file=prompts/uniform.gin starts a [P, H] prompt, which prompts/prefix.gin's "
-     "deep_prefix does not have")])
+     "deep_prefix does not have"),
+    # prefix_ipt.gin binds no method itself (it includes prefix.gin): it was not seen as one
+    (["prompts/prefix_ipt.gin", "prompts/from_class_labels.gin"],
+     "--gin_file=prompts/from_class_labels.gin starts a [P, H] prompt, which "
+     "prompts/prefix_ipt.gin's deep_prefix does not have"),
+    (["prompts/prefix_ipt.gin", "prompts/residual.gin"],
+     "--gin_file=prompts/prefix_ipt.gin and --gin_file=prompts/residual.gin each choose the "
+     "prompt method")])
 def test_method_files_that_cannot_go_together_are_one_line(files, expected):
   with pytest.raises(ConfigError) as e:
     layering.split_files(["runs/embedded_default.gin", *files], [])

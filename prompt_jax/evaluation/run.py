@@ -211,10 +211,10 @@ def trained_eval_split(config_file: str) -> Optional[str]:
 def _inputs_task(dataset_cfg, input_task: Optional[str], model: run_setup.ModelSpec,
                  inputs) -> Optional[Tuple[int, str]]:
   """(task_index, the mixture's copy of the task) that `--input` texts belong to, or None (not a
-  multi-task mixture, nothing asked); one ConfigError when it cannot be told."""
+  multi-task mixture, nothing asked); one ConfigError when it cannot be told. The mixture is
+  registered (data_lib.get_task) before this is called."""
   from prompt_jax.tasks import multitask as multitask_tasks  # pylint: disable=g-import-not-at-top
   mixture = dataset_cfg.mixture_or_task_name
-  data_lib.get_task(mixture, dataset_cfg.module)  # (registers it)
   tasks = multitask_tasks.tasks_of(mixture)
   choices = ", ".join(f"{i} ({name})" for i, _, name in tasks)
   if input_task is not None and not inputs:
@@ -375,13 +375,13 @@ def infer(*, model_dir: str = gin.REQUIRED,
                                initial_checkpoint_path=initial_checkpoint_path,
                                num_partitions=num_partitions, model=model, inputs=inputs)
   decoding_cfg = inference.decoding_config()  # before the model loads: bad settings fail fast
+  task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   inputs_task = None
   if inputs or input_task is not None:
     inputs_task = _inputs_task(dataset_cfg, input_task, model or run_setup.model_spec(), inputs)
   source = checkpoint_of(model_dir, checkpoint_path, prompt_file)
   run = load_run(model_dir, dataset_cfg, initial_checkpoint_path, source.checkpoint,
                  prompt_file, num_partitions, model)
-  task = data_lib.get_task(dataset_cfg.mixture_or_task_name, dataset_cfg.module)
   vocabulary = task.output_features["targets"].vocabulary
   inputs_vocab = task.output_features["inputs"].vocabulary
   task_ids = None  # each example's task, from a multi-task mixture's data

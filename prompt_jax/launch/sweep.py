@@ -13,6 +13,7 @@ shipped spec in launch/sweeps/ (e.g. lester_fig3a_prompt_length). Every subcomma
 every job. A bad spec is one line `prompt-jax sweep: error: ...` (exit 2) before anything runs.
 """
 import argparse
+import functools
 import os
 import sys
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -75,8 +76,12 @@ TARGET_FLAGS = {"slurm": ("nodes", "gpus_per_node", "process_per", "platform", "
                 "tpu-vm": ("tpu_name", "zone", "project")}
 
 
+def _given(args: argparse.Namespace, parser: argparse.ArgumentParser, name: str) -> bool:
+  return getattr(args, name) != parser.get_default(name)
+
+
 def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-  given = lambda name: getattr(args, name) != parser.get_default(name)
+  given = functools.partial(_given, args, parser)
   for name, subcommands in FLAG_SUBCOMMANDS.items():
     if args.subcommand not in subcommands and given(name):
       raise ConfigError(f"--{name} is a flag of `sweep {' / '.join(subcommands)}`, not of "
@@ -96,8 +101,7 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
 def given_emit_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> List[str]:
   """emit's flags the user gave but --target (`--nodes=2`), for the scripts' headers."""
   return [f"--{name}={getattr(args, name)}" for name, subcommands in FLAG_SUBCOMMANDS.items()
-          if "emit" in subcommands and name != "target"
-          and getattr(args, name) != parser.get_default(name)]
+          if "emit" in subcommands and name != "target" and _given(args, parser, name)]
 
 
 def split_overrides(argv: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:

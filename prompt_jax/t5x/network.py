@@ -128,13 +128,15 @@ def gin_file_order_error(gin_files: Sequence[str],
   closures = [_packaged_includes(f, search_paths) for f in gin_files]
   gin_dir = paths.gin_dir()
   # prompt-jax's own method and initialiser files, which the t5x/prompts/ files include.
+  # (those another of them includes, as prefix_ipt.gin includes prefix.gin, are not given)
   own = [sorted(f for f in closure if f.startswith("prompts/")) for closure in closures]
-  try:
-    layering.check_method_files(gin_dir, [f for files in own for f in files])
-  except ConfigError as e:  # (named by the files t5x was given)
-    given = {f: gin_files[i] for i, files in enumerate(own) for f in files}
-    return re.sub(r"--gin_file=(\S+?\.gin)", lambda m: f"--gin_file={given.get(m[1], m[1])}",
-                  str(e))
+  own = [[f for f in files if not any(f in layering.prompt_includes(gin_dir, g) for g in files)]
+         for files in own]
+  given = {f: gin_files[i] for i, files in enumerate(own) for f in files}
+  try:  # (naming the files t5x was given)
+    layering.check_method_files(gin_dir, [f for files in own for f in files], given.__getitem__)
+  except ConfigError as e:
+    return str(e)
   for i, j in ((i, j) for i in range(len(own)) for j in range(i + 1, len(own))):
     if any(layering.is_initialiser(gin_dir, f) for f in own[i]) and \
         layering.method_of(gin_dir, own[j]):

@@ -111,7 +111,14 @@ def test_gin_file_order_error_finds_includes_at_any_depth(tmp_path):
                "choose the prompt method")
   assert network.gin_file_order_error(
       [base, "t5x/prompts/dpt.gin", "t5x/prompts/uniform.gin"], search
-  ).startswith("--gin_file=t5x/prompts/uniform.gin starts a [P, H] prompt, which ")
+  ).startswith("--gin_file=t5x/prompts/uniform.gin starts a [P, H] prompt, which "
+               "t5x/prompts/dpt.gin's dpt does not have")
+  # prefix_ipt.gin includes prefix.gin: one method file, which an initialiser cannot start
+  assert network.gin_file_order_error([base, "t5x/prompts/prefix_ipt.gin"], search) is None
+  assert network.gin_file_order_error(
+      [base, "t5x/prompts/prefix_ipt.gin", "t5x/prompts/uniform.gin"], search
+  ).startswith("--gin_file=t5x/prompts/uniform.gin starts a [P, H] prompt, which "
+               "t5x/prompts/prefix_ipt.gin's deep_prefix does not have"), search
 
 
 def test_eval_with_another_prompt_length_names_the_parameter(tmp_path):
