@@ -702,6 +702,24 @@ def _first_line(e: BaseException) -> str:
   return "; ".join(lines[:2]) if lines else type(e).__name__
 
 
+_FLAG_QUOTING = re.compile(r"a string value needs quotes inside the flag: "
+                           r"--gin\.([\w.]+)=\"'(.*)'\"")
+
+
+def _quoting_as_written(message: str, sweep: Sweep) -> str:
+  """gin's parse error of a binding the spec file gives (not a --gin.X flag), with the quoting
+  hint in YAML (`NAME: "'text'"`), where the CLI's hint shows the flag's syntax."""
+  m = _FLAG_QUOTING.search(message)
+  source = sweep.binding_sources.get(m[1], "") if m else ""
+  if not m or source.startswith("--gin."):
+    return message
+  value = f"\"'{m[2]}'\""
+  if source == f"axis {m[1]!r}":  # (a list of values)
+    value = f"[{value}, ...]"
+  return message[:m.start()] + (f"a string value needs gin's quotes inside the YAML string: "
+                                f"{m[1]}: {value}") + message[m.end():]
+
+
 def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
                  check_required: Callable[[str], None], check_eval: bool = False) -> None:
   """Parses each job's gin config as `prompt-jax train` would: unknown macros (did you mean),
@@ -747,7 +765,7 @@ def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
         check_required("train")
         steps = gin.query_parameter("%TRAIN_STEPS")
       except Exception as e:  # pylint: disable=broad-except
-        raise ConfigError(f"job {job.name}: {_first_line(e)}") from e
+        raise ConfigError(f"job {job.name}: {_quoting_as_written(_first_line(e), sweep)}") from e
       steps_by_group[job.group] = int(steps) if isinstance(steps, int) else None
       if check_eval:
         job.train_steps = steps_by_group[job.group]
@@ -756,7 +774,8 @@ def validate_gin(sweep: Sweep, parse_gin: Callable[..., None],
           parse_gin(files, [f"{k} = {v}" for k, v in bindings], list(job.search_paths))
           check_required("eval")
         except Exception as e:  # pylint: disable=broad-except
-          raise ConfigError(f"eval job of {job.name}: {_first_line(e)}") from e
+          raise ConfigError(f"eval job of {job.name}: "
+                            f"{_quoting_as_written(_first_line(e), sweep)}") from e
     for job in sweep.jobs:
       job.train_steps = steps_by_group[job.group]
   finally:

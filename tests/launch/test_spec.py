@@ -428,3 +428,19 @@ def test_relative_search_paths_become_absolute(tmp_path, monkeypatch):
   assert job.search_paths == (str(tmp_path / "mygin"),)
   assert f"--gin_search_paths={tmp_path}/mygin" in job.train_args()
   assert "--gin_file=extra.gin" in job.train_args()
+
+
+@pytest.mark.parametrize("where,hint", [
+    ("bindings: {TRAIN_STEPS: 2, MIXTURE_OR_TASK_NAME: embedded_last_letter}\n",
+     "MIXTURE_OR_TASK_NAME: \"'embedded_last_letter'\""),
+    ("bindings: {TRAIN_STEPS: 2}\naxes:\n  MIXTURE_OR_TASK_NAME: [embedded_last_letter]\n",
+     "MIXTURE_OR_TASK_NAME: [\"'embedded_last_letter'\", ...]")])
+def test_a_string_without_gin_quotes_is_shown_quoted_as_yaml(tmp_path, where, hint):
+  """The hint for a spec's value was the CLI's, `--gin.MIXTURE_OR_TASK_NAME="'...'"`: not what a
+  user writes in a YAML file (a --gin.X flag of `sweep` keeps the flag's)."""
+  line = _error(tmp_path, "gin_files: [runs/embedded_default.gin]\n" + where, "plan")
+  assert line.endswith("a string value needs gin's quotes inside the YAML string: " + hint), line
+  spec = helpers.write_spec(tmp_path, BASE)
+  rc, _, err = helpers.sweep_cli(["plan", spec, "--gin.EVAL_SPLIT=validation"])
+  assert rc == 2 and err.rstrip().endswith(
+      "a string value needs quotes inside the flag: --gin.EVAL_SPLIT=\"'validation'\""), err
