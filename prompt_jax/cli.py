@@ -43,6 +43,7 @@ line and exits 1; a run preempted by SIGTERM saves a checkpoint, says so and exi
 """
 import argparse
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -60,6 +61,9 @@ COMMANDS = ("train", "eval", "ensemble-eval", "infer", "export", "inspect", "des
             "bench", "sweep", "plan", "recycle", "ipt-pretrain")
 # Commands that read a trained MODEL_DIR: its config.gin is layered under your files and flags.
 RUN_COMMANDS = ("eval", "infer", "export", "inspect", "describe")
+# Commands that build the model and its prompt but read no task: a macro only the task's
+# settings reference (MIXTURE_OR_TASK_NAME of a t5x run's checkpoint) need not be set.
+MODEL_ONLY_COMMANDS = ("export", "inspect", "describe")
 # Packaged run files (wiring only) a command always needs.
 IMPLIED_RUN_FILES = {"eval": "runs/prompt_eval.gin", "infer": "runs/prompt_infer.gin",
                      "ensemble-eval": "runs/prompt_ensemble_eval.gin"}
@@ -298,6 +302,25 @@ def resolve_paths() -> Optional[str]:
   return value
 
 
+def _check_results_writable(command: str, layers) -> None:
+  """eval's, infer's and ensemble-eval's results go under MODEL_DIR: a read-only one is one line
+  before any work (eval failed after it, in TensorFlow's summary writer's words)."""
+  model_dir = _macro("MODEL_DIR")
+  if command not in ("eval", "infer", "ensemble-eval") or not isinstance(model_dir, str) \
+      or "://" in model_dir:
+    return
+  where = paths.nearest_existing(model_dir)
+  try:
+    paths.probe_writable(where)
+  except OSError as e:
+    hint = "choose a writable MODEL_DIR for the results"
+    if layers.run_config is not None:  # the run's own settings and checkpoint, results elsewhere
+      hint += (f" and give the run as --gin_file={shlex.quote(layers.run_config)} "
+               f"--gin.CHECKPOINT_PATH=\"'{model_dir}/checkpoints/<step>'\"")
+    raise _Error(f"MODEL_DIR {model_dir} is not writable ({where}: {e.strerror}), and "
+                 f"{command} writes its results there: {hint}") from None
+
+
 def _check_gcs_reachable() -> None:
   """A gs:// path on a machine that cannot reach GCS: one line at once (it hung for minutes in
   GCS's credential and retry loops, printing C++ log lines, then failed with libcurl's words)."""
@@ -320,7 +343,7 @@ def _check_not_a_file(model_dir: str) -> None:
     raise _Error(message)
 
 
-def _find_run_config() -> Optional[Tuple[str, str]]:
+def _find_run_config(command: str) -> Optional[Tuple[str, str]]:
   """(path, text) of MODEL_DIR/config.gin when MODEL_DIR holds a run that wrote one."""
   model_dir = resolve_paths()
   if not model_dir:
@@ -332,10 +355,15 @@ def _find_run_config() -> Optional[Tuple[str, str]]:
     return None
   text = path.read_text()
   if "import __main__ as train_script" in text:  # what t5x.train writes, not ours
+    if command == "train":
+      raise _Error(f"MODEL_DIR {model_dir} is a run of t5x.train, whose config.gin prompt-jax "
+                   f"does not read: continue it with t5x.train")
+    verb = {"eval": "evaluate it", "infer": "infer with it"}.get(command, f"{command} it")
+    files = "model and method" if command in MODEL_ONLY_COMMANDS else "model, method and task"
     raise _Error(f"MODEL_DIR {model_dir} is a run of t5x.train, whose config.gin prompt-jax "
-                 f"does not read: evaluate it with --gin.CHECKPOINT_PATH=\"'{model_dir}/"
-                 f"checkpoint_<step>'\", the run's model, method and task gin files, and a "
-                 f"MODEL_DIR of its own for the results")
+                 f"does not read: {verb} with --gin.CHECKPOINT_PATH=\"'{model_dir}/"
+                 f"checkpoint_<step>'\", the run's {files} gin files, and a MODEL_DIR of its "
+                 f"own for the results")
   return str(path), text
 
 
@@ -351,7 +379,8 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
   reads_run = command in RUN_COMMANDS or (command == "train" and not gin_files)
   try:
     layers = layering.parse(gin_files, bindings, search_paths, implied=implied,
-                            find_run_config=_find_run_config if reads_run else None)
+                            find_run_config=(functools.partial(_find_run_config, command)
+                                             if reads_run else None))
   except ConfigError as e:
     raise _Error(str(e)) from e
   if command is not None:
@@ -378,7 +407,7 @@ def check_required(command: str, layers=None) -> None:
                    f"it at a run's directory, or set {', '.join(missing)} (--gin.NAME=... or a "
                    f"gin file)")
     from prompt_jax import layering  # pylint: disable=g-import-not-at-top
-    if command in ("describe", "inspect") and not layering.is_bound(layering.BINDS_A_MODEL):
+    if command in MODEL_ONLY_COMMANDS and not layering.is_bound(layering.BINDS_A_MODEL):
       raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin){near}: point "
                    f"it at a run's directory, or name a model file "
                    f"(--gin_file=models/t5_1_1_base.gin)")
@@ -418,8 +447,12 @@ def _missing_macros(command: str) -> List[str]:
       continue
     if value is gin.REQUIRED or repr(value) == "%gin.REQUIRED":
       missing.append(name)
+  # (a run's settings that only the task, the data or the optimizer read are not needed to build
+  # the model: a t5x run's checkpoint exports given its model and method files)
+  unneeded = ({m for c in ("train", "eval") for m in REQUIRED_MACROS[c]}
+              - set(REQUIRED_MACROS[command]) if command in MODEL_ONLY_COMMANDS else set())
+  missing += [m for m in unbound_macros() if m not in missing and m not in unneeded]
   if command not in ("describe", "inspect"):  # these need only the model's bindings
-    missing += [m for m in unbound_macros() if m not in missing]
     from prompt_jax import layering  # pylint: disable=g-import-not-at-top
     missing += [scope for (scope, selector, _), value in layering.snapshot().items()
                 if selector == "gin.macro" and scope not in missing  # a file's `X = %gin.REQUIRED`
@@ -744,6 +777,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
     layers.notes.append(f"no gin file: continuing the run in {_macro('MODEL_DIR')} with its "
                         f"config.gin")
   check_required(command, layers)
+  _check_results_writable(command, layers)
   check_against_run(layers)
   _note_another_backbone(command, layers)
   evaluate_what_the_run_trained(command, layers)

@@ -53,6 +53,15 @@ def nearest_existing(path: str) -> str:
   return path
 
 
+def probe_writable(directory: str) -> None:
+  """OSError unless a file can be written in `directory` (a temporary file, removed)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryFile(dir=directory, prefix=".prompt_jax_write_probe") as f:
+    f.write(b"\0" * 65536)
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def not_a_directory_message(model_dir: str) -> str:
   """'' when MODEL_DIR is (or can be created as) a directory; else one line naming the file in
   its way, MODEL_DIR itself or a parent. URLs (gs://...) are not checked."""

@@ -27,6 +27,8 @@ by `safetensors.numpy` (the HF `safetensors` package).
 """
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, List, Optional
 
 import jax
@@ -110,21 +112,40 @@ def write_adapter(prompt: np.ndarray, out_dir: str, config,
   if prompt.ndim != 2 or prompt.shape[1] != config.emb_dim:
     raise ConfigError(f"a PEFT prompt-tuning adapter holds a [P, {config.emb_dim}] prompt, got "
                       f"shape {prompt.shape}")
-  errors.make_dirs(out_dir, f"--output {out_dir}")
-  config_path = os.path.join(out_dir, CONFIG_NAME)
-  weights_path = os.path.join(out_dir, WEIGHTS_NAME)
-  save_file({TENSOR_NAME: prompt}, weights_path + ".tmp", metadata={"format": "pt"})
-  # safetensors writes 0600: the adapter is for sharing (the hub, a group's models dir), so it
-  # gets a new file's usual mode, as adapter_config.json does.
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(weights_path + ".tmp", 0o666 & ~umask)
-  with open(config_path + ".tmp", "w") as f:
-    json.dump(adapter_config(prompt.shape[0], config, base_model), f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(weights_path + ".tmp", weights_path)
-  os.replace(config_path + ".tmp", config_path)
-  return [config_path, weights_path]
+  # A new adapter directory is written whole under a temporary name, then renamed: an interrupted
+  # or failed export leaves no directory that a rerun would refuse as existing (it left the
+  # weights and a .tmp config). An existing one (the default path, exported again) has its two
+  # files replaced, each atomically.
+  new = not os.path.isdir(out_dir)
+  parent = os.path.dirname(os.path.abspath(out_dir))
+  errors.make_dirs(parent if new else out_dir, f"--output {out_dir}")
+  where = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.tmp",
+                           dir=parent) if new else out_dir
+  names = (WEIGHTS_NAME, CONFIG_NAME)
+  try:
+    weights_tmp, config_tmp = (os.path.join(where, n + ".tmp") for n in names)
+    save_file({TENSOR_NAME: prompt}, weights_tmp, metadata={"format": "pt"})
+    # safetensors writes 0600: the adapter is for sharing (the hub, a group's models dir), so it
+    # gets a new file's usual mode, as adapter_config.json does.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights_tmp, 0o666 & ~umask)
+    with open(config_tmp, "w") as f:
+      json.dump(adapter_config(prompt.shape[0], config, base_model), f, indent=2,
+                sort_keys=True)
+      f.write("\n")
+    for n in names:
+      os.replace(os.path.join(where, n + ".tmp"), os.path.join(where, n))
+    if new:
+      os.chmod(where, 0o777 & ~umask)  # (mkdtemp's is 0700)
+      os.rename(where, out_dir)
+  finally:
+    if new and os.path.isdir(where):
+      shutil.rmtree(where, ignore_errors=True)
+    for n in names:
+      if os.path.exists(os.path.join(out_dir, n + ".tmp")):
+        os.remove(os.path.join(out_dir, n + ".tmp"))
+  return [os.path.join(out_dir, CONFIG_NAME), os.path.join(out_dir, WEIGHTS_NAME)]
 
 
 # An --output named like one of these is a file name, not the adapter's directory.

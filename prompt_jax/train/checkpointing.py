@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from typing import Any, Callable, Container, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -127,7 +126,7 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
   path = os.path.abspath(model_dir)
   probe_dir = paths.nearest_existing(path)
   try:
-    _probe(probe_dir)
+    paths.probe_writable(probe_dir)
   except OSError as e:
     raise ConfigError(f"MODEL_DIR {model_dir!r} is not writable ({probe_dir}: {e.strerror}); "
                       f"choose a writable MODEL_DIR or fix its permissions") from None
@@ -139,7 +138,7 @@ def check_writable(model_dir: str, min_free_bytes: int = MIN_FREE_BYTES) -> None
         raise ConfigError(f"MODEL_DIR {model_dir!r} cannot be used: {sub} is not a directory; "
                           f"move it away or choose another MODEL_DIR")
       try:
-        _probe(sub)
+        paths.probe_writable(sub)
       except OSError as e:
         raise ConfigError(f"MODEL_DIR {model_dir!r} is not writable ({sub}: {e.strerror}); "
                           f"fix its permissions (chmod -R u+w) or choose another MODEL_DIR"
@@ -165,14 +164,6 @@ def _written_subdirs(path: str) -> List[str]:
     found += [os.path.join(ckpt, n) for n in sorted(os.listdir(ckpt))
               if re.fullmatch(r"\d+", n) and os.path.isdir(os.path.join(ckpt, n))]
   return found
-
-
-def _probe(directory: str) -> None:
-  """OSError unless a file can be written in `directory` (a temporary file, removed)."""
-  with tempfile.TemporaryFile(dir=directory, prefix=".prompt_jax_write_probe") as f:
-    f.write(b"\0" * 65536)
-    f.flush()
-    os.fsync(f.fileno())
 
 
 # ===== Fingerprints: detect damaged values =====

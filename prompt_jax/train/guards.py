@@ -63,7 +63,7 @@ def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Option
                  f"checkpoint")
 
 
-def stop_now(code: int = 128 + signal.SIGINT) -> None:
+def stop_now(code: int = 128 + signal.SIGINT, why: str = "") -> None:
   """Ends the process at once, as a second Ctrl-C asks: one line, exit 130, no atexit handlers
   or library threads left to print tracebacks. An orbax save cut short leaves its temporary
   directory, which the next run ignores (it resumes from the newest intact checkpoint)."""
@@ -71,7 +71,7 @@ def stop_now(code: int = 128 + signal.SIGINT) -> None:
     sys.stdout.flush()
   except (OSError, ValueError):
     pass
-  print("prompt-jax train: interrupted", file=sys.stderr, flush=True)
+  print(f"prompt-jax train: interrupted{why}", file=sys.stderr, flush=True)
   os._exit(code)  # pylint: disable=protected-access
 
 
@@ -106,11 +106,11 @@ class PreemptionWatch:
 
   def _on_signal(self, signum, frame) -> None:  # pylint: disable=unused-argument
     if self.by is not None:
-      if self.SIGNALS[signum] == self.by:  # asked twice: as the signal would without us
-        self.uninstall()
-        if signum == signal.SIGINT:  # "stop now": at once, quietly. A KeyboardInterrupt
-          stop_now()                 # raised inside an orbax save printed ~80 lines of its
-        os.kill(os.getpid(), signum)  # threads' tracebacks at interpreter shutdown.
+      if self.SIGNALS[signum] == self.by:  # asked twice: stop at once, as the signal would
+        self.uninstall()  # without us, with one line (a KeyboardInterrupt raised inside an
+        stop_now(128 + signum,  # orbax save printed ~80 lines of its threads' tracebacks)
+                 f" ({self.by} twice): stopped at once, without saving; the same command "
+                 f"resumes from the newest checkpoint in MODEL_DIR/checkpoints")
       return  # the other signal: the save is already on its way
     self.by = self.SIGNALS[signum]
     again = " (Ctrl-C again: stop now, without saving)" if signum == signal.SIGINT else ""

@@ -375,6 +375,8 @@ def train(*, model_dir: str = gin.REQUIRED,
         summaries.log("evaluating the restored step %d (its run may have stopped before its "
                       "evaluation finished)", start)
         evaluate(start)
+    if start < total_steps and watch.requested(start):  # SIGTERM during that evaluation
+      _stop_before_training(watch, start, model_dir)
     for step in range(start, total_steps):
       local = next(stream)
       if model.prompt is not None:
@@ -557,6 +559,19 @@ def _save_before_failing(save: Callable[[int], None], step: int, model_dir: str,
     return
   summaries.log("the evaluation of step %d failed: saved %s first; once fixed, run the same "
                 "command to continue from it", step, checkpointing.step_dir(model_dir, step))
+
+
+def _stop_before_training(watch: guards.PreemptionWatch, start: int, model_dir: str) -> None:
+  """Asked to stop during the evaluation before the first step: no step to train first (it
+  trained one, compiling the step, then saved and stopped). Step `start`'s checkpoint is there
+  already (0: nothing is trained yet)."""
+  watch.uninstall()
+  what = "interrupted (Ctrl-C)" if watch.by == "Ctrl-C" else "preempted (SIGTERM)"
+  where = (f"{checkpointing.step_dir(model_dir, start)} is the checkpoint to resume from" if start
+           else "nothing was trained yet")
+  raise Preempted(f"{what} at step {start}, before training: {where}; run the same command to "
+                  f"{'resume' if start else 'start again'}", start,
+                  interrupted=watch.by == "Ctrl-C")
 
 
 def _stop_preempted(watch: guards.PreemptionWatch, save: Callable[[int], None], step: int, *,

@@ -146,6 +146,29 @@ def test_the_adapter_files_get_a_new_files_usual_mode(tmp_path):
   assert [oct(os.stat(p).st_mode & 0o777) for p in paths] == ["0o644", "0o644"]
 
 
+def test_an_interrupted_export_leaves_no_adapter_directory(tmp_path, monkeypatch):
+  """Ctrl-C between the two files left the weights and adapter_config.json.tmp in the --output
+  directory, and the rerun refused it as existing. A new adapter directory appears whole (mode
+  of the umask, not mkdtemp's 0700) or not at all; nothing is left beside it."""
+  out = tmp_path / "adapter"
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  with monkeypatch.context() as m:
+    m.setattr(peft_export.json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+      peft_export.write_adapter(np.zeros((5, D_MODEL), np.float32), str(out), _CONFIG)
+  assert os.listdir(tmp_path) == []
+  umask = os.umask(0o022)
+  try:
+    peft_export.write_adapter(np.zeros((5, D_MODEL), np.float32), str(out), _CONFIG)
+  finally:
+    os.umask(umask)
+  assert sorted(os.listdir(tmp_path)) == ["adapter"]
+  assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors"]
+  assert oct(os.stat(out).st_mode & 0o777) == "0o755"
+
+
 def test_export_writes_prompt_embeddings_under_peft_key(tmp_path):
   """The file PEFT's own save_pretrained writes for a prompt-tuning model holds one tensor,
   `prompt_embeddings`; ours has the same keys, shape and dtype, and the same config fields."""

@@ -215,3 +215,17 @@ def test_prompt_jax_prompt_evaluated_by_t5x_eval(tmp_path):
   prompt = np.load(prompt_file)
   _within_near_ties(t5x_acc, ours, _may_differ(embedded_near_ties(prompt, greedy=True),
                                                embedded_float64_answers(prompt)))
+
+
+def test_t5x_checkpoint_exports_given_only_its_model_file(early_checkpoint, tmp_path):
+  """`prompt-jax export` of a t5x.train checkpoint asked for MIXTURE_OR_TASK_NAME and
+  TASK_FEATURE_LENGTHS, which export never reads: the model file (and the method's, here the
+  default) is enough, and the .npy holds the checkpoint's prompt."""
+  out = str(tmp_path / "exported.npy")
+  proc = cli_subprocess(["export", "--format=npy", "--gin_file=models/embedded_tiny.gin",
+                         f"--gin.CHECKPOINT_PATH='{early_checkpoint}'",
+                         f"--gin.MODEL_DIR='{tmp_path / 'pj'}'", f"--output={out}"])
+  assert proc.returncode == 0, proc.stdout[-4000:]
+  flat = common.read_t5x_checkpoint(early_checkpoint)
+  prompt, = common.trained_paths(flat).values()
+  np.testing.assert_array_equal(np.load(out), prompt)

@@ -366,6 +366,9 @@ CASES = [
     Case("eval_of_a_t5x_train_run", lambda c: ["eval", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
          "is a run of t5x.train, whose config.gin prompt-jax does not read: evaluate it with "
          "--gin.CHECKPOINT_PATH=", model_dir="fresh"),
+    Case("export_of_a_t5x_train_run", lambda c: ["export", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
+         "is a run of t5x.train, whose config.gin prompt-jax does not read: export it with "
+         "--gin.CHECKPOINT_PATH=", model_dir="fresh"),  # (said "evaluate it")
     Case("export_output_dir_holds_the_file", lambda c: [
         "export", f"--gin.MODEL_DIR='{c.model_dir}'", f"--output={_holding_the_export(c)}"],
          "/exports/prompt_step2.npy already exists: export never replaces it"),
@@ -376,6 +379,17 @@ CASES = [
     # --- MODEL_DIR ---
     Case("model_dir_is_a_file", lambda c: train(c), "is a file", model_dir="file"),
     Case("model_dir_read_only", lambda c: train(c), "is not writable", model_dir="read_only"),
+    # eval's and infer's results: refused after the work, in TensorFlow's summary writer's words
+    Case("eval_model_dir_read_only", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((8, 64), np.float32))}'", *EVAL_FLAGS],
+         "), and eval writes its results there: choose a writable MODEL_DIR",
+         model_dir="read_only"),
+    Case("infer_model_dir_read_only", lambda c: [
+        "infer", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin_file=prompts/from_file.gin",
+        f"--gin.PROMPT_FILE='{_npy(c, 'p.npy', np.zeros((8, 64), np.float32))}'", *EVAL_FLAGS],
+         "), and infer writes its results there: choose a writable MODEL_DIR",
+         model_dir="read_only"),
     # eval's and ensemble-eval's results failed only after all the work, with a traceback line
     Case("eval_model_dir_is_a_file", lambda c: [
         "eval", f"--gin.MODEL_DIR='{c.model_dir}'", "--gin_file=prompts/from_file.gin",

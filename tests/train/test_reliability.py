@@ -315,17 +315,54 @@ def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path, sig, co
   assert common.prompt_at(d, STEPS).tobytes() == common.prompt_at(reference, STEPS).tobytes()
 
 
-def test_ctrl_c_twice_stops_at_once_without_saving(tmp_path):
-  """The second Ctrl-C stops at once: no checkpoint, one line, exit 130, no traceback."""
+@pytest.mark.parametrize("sig,code,by", [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")])
+def test_a_signal_twice_stops_at_once_without_saving(tmp_path, sig, code, by):
+  """The second Ctrl-C (or SIGTERM) stops at once: no checkpoint, one line, no traceback. Two
+  SIGTERMs ended with no last line, the one before having said a checkpoint would be saved."""
   d = str(tmp_path / "twice")
   proc = common.cli_subprocess(run_argv(d, STEPS, "--gin.CHECKPOINT_PERIOD=100"), timeout=300,
-                               python_code=common.SIGNAL_AT_STEP.format(step=3, signal="SIGINT",
+                               python_code=common.SIGNAL_AT_STEP.format(step=3, signal=sig,
                                                                         times=2))
-  assert proc.returncode == 130, proc.stdout[-3000:]
-  assert "Ctrl-C again: stop now" in proc.stdout and "prompt-jax train: interrupted\n" in \
-      proc.stdout, proc.stdout[-3000:]
+  assert proc.returncode == code, proc.stdout[-3000:]
+  assert (f"prompt-jax train: interrupted ({by} twice): stopped at once, without saving; the "
+          f"same command resumes from the newest checkpoint in MODEL_DIR/checkpoints\n"
+          ) in proc.stdout, proc.stdout[-3000:]
+  if sig == "SIGINT":
+    assert "Ctrl-C again: stop now" in proc.stdout
   assert proc.stdout.count("interrupted") == 1 and "Traceback" not in proc.stdout, \
       proc.stdout[-3000:]
+  assert checkpoint_steps(d) == []
+
+
+# The signal while the run evaluates its untrained prompt (t5x's run_eval_before_training).
+SIGNAL_IN_THE_FIRST_EVALUATION = """
+import os, signal, sys
+from prompt_jax import cli
+from prompt_jax.evaluation import inference
+_evaluate = inference.evaluate
+def evaluate_with_a_signal(*args, **kwargs):
+  os.kill(os.getpid(), signal.{signal})
+  return _evaluate(*args, **kwargs)
+inference.evaluate = evaluate_with_a_signal
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig,code,said", [("SIGTERM", 143, "preempted (SIGTERM)"),
+                                            ("SIGINT", 130, "interrupted (Ctrl-C)")])
+def test_a_signal_during_the_evaluation_before_training_trains_no_step(tmp_path, sig, code,
+                                                                      said):
+  """README: "A SIGTERM during an evaluation stops after it, with no further step". During the
+  evaluation before the first step, the run compiled and trained step 1, then saved and stopped
+  (on a real model: the whole evaluation, then the compile)."""
+  d = str(tmp_path / "first_eval")
+  proc = common.cli_subprocess(
+      ["train"] + common.flags(d, STEPS, "--gin.prompt_jax.train.eval_before_training=True"),
+      timeout=300, python_code=SIGNAL_IN_THE_FIRST_EVALUATION.format(signal=sig))
+  assert proc.returncode == code, proc.stdout[-3000:]
+  assert (f"{said} at step 0, before training: nothing was trained yet; run the same command "
+          f"to start again") in proc.stdout, proc.stdout[-3000:]
+  assert "step 1/" not in proc.stdout and "Traceback" not in proc.stdout, proc.stdout[-3000:]
   assert checkpoint_steps(d) == []
 
 
