@@ -302,6 +302,35 @@ def resolve_paths() -> Optional[str]:
   return value
 
 
+def _check_moved_run_config(gin_files: Sequence[str], search_paths: Sequence[str]) -> None:
+  """A run's config.gin given as --gin_file names its MODEL_DIR: in a run that was moved or
+  copied, the old one. Without a --gin.MODEL_DIR of the user's, the command read and wrote the
+  original run (eval of a copy wrote its results into the original) or found nothing there."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  from prompt_jax import layering  # pylint: disable=g-import-not-at-top
+  if "MODEL_DIR" in _USER_MACROS:
+    return
+  dirs = [d for p in search_paths for d in p.split(",") if d]
+  for f in gin_files:
+    path = layering.gin_path(f, dirs) if os.path.basename(f) == "config.gin" else None
+    if path is None:
+      continue
+    with open(path) as fh:
+      m = re.search(r"^MODEL_DIR = (.+)$", fh.read(), re.M)
+    try:
+      named = ast.literal_eval(m[1]) if m else None
+    except (ValueError, SyntaxError):
+      continue
+    here = os.path.dirname(os.path.abspath(path))
+    if isinstance(named, str) and "://" not in named and \
+        os.path.realpath(named) != os.path.realpath(here):
+      raise _Error(f"--gin_file={f} is the config.gin of a run in {named} (MODEL_DIR), not of "
+                   f"{here}, where it lies (a moved or copied run): give --gin.MODEL_DIR="
+                   f"\"'{here}'\" for this one, or a MODEL_DIR of your own for the results "
+                   f"(with --gin.CHECKPOINT_PATH=\"'{here}/checkpoints/<step>'\")")
+
+
 def _check_results_writable(command: str, layers) -> None:
   """eval's, infer's and ensemble-eval's results go under MODEL_DIR: a read-only one is one line
   before any work (eval failed after it, in TensorFlow's summary writer's words)."""
@@ -401,15 +430,15 @@ def check_required(command: str, layers=None) -> None:
                  f"--gin_file=runs/embedded_default.gin), or set MODEL_DIR to a trained run's "
                  f"directory to continue it")
   if command in RUN_COMMANDS and model_dir and layers is not None and layers.run_config is None:
-    near = _runs_near(model_dir)
+    no_run = (f"MODEL_DIR {model_dir} does not exist"
+              if "://" not in model_dir and not os.path.lexists(model_dir) else
+              f"MODEL_DIR {model_dir} holds no trained run (no config.gin){_runs_near(model_dir)}")
     if missing:
-      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin){near}: point "
-                   f"it at a run's directory, or set {', '.join(missing)} (--gin.NAME=... or a "
-                   f"gin file)")
+      raise _Error(f"{no_run}: point it at a run's directory, or set {', '.join(missing)} "
+                   f"(--gin.NAME=... or a gin file)")
     from prompt_jax import layering  # pylint: disable=g-import-not-at-top
     if command in MODEL_ONLY_COMMANDS and not layering.is_bound(layering.BINDS_A_MODEL):
-      raise _Error(f"MODEL_DIR {model_dir} holds no trained run (no config.gin){near}: point "
-                   f"it at a run's directory, or name a model file "
+      raise _Error(f"{no_run}: point it at a run's directory, or name a model file "
                    f"(--gin_file=models/t5_1_1_base.gin)")
   check_macro_typos(READ_MACROS.get(command, ()))
   if missing:
@@ -776,6 +805,7 @@ def _gin_command(command: str, rest: Sequence[str]) -> int:
   if command == "train" and layers.run_config:  # no gin file: parse_gin layered config.gin
     layers.notes.append(f"no gin file: continuing the run in {_macro('MODEL_DIR')} with its "
                         f"config.gin")
+  _check_moved_run_config(args.gin_file, args.gin_search_paths)
   check_required(command, layers)
   _check_results_writable(command, layers)
   check_against_run(layers)

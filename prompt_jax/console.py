@@ -174,6 +174,16 @@ def quiet(enabled: bool = True, tensorflow: bool = True) -> Iterator[None]:
         absl_logging.set_verbosity(absl_verbosity)
 
 
+@contextlib.contextmanager
+def missing_glyphs_quiet() -> Iterator[None]:
+  """Drawing a figure whose text has characters the font lacks (a run named 模型): matplotlib's
+  'UserWarning: Glyph N ... missing from font(s)' lines, with their source lines, are not the
+  user's to fix; the characters draw as boxes."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from")
+    yield
+
+
 def clock_text(seconds: float) -> str:
   """'HH:MM:SS' with hours that do not wrap at a day (a 30-hour ETA is '30:00:00', not
   '06:00:00'); negative times read as zero."""

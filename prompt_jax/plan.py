@@ -54,20 +54,26 @@ def _parser() -> argparse.ArgumentParser:
                                                 "--model=models/<name>.gin (prompt tuning of "
                                                 "--prompt_length tokens)"})
   p.add_argument("--model", default="models/t5_1_1_base.gin",
-                 help="a models/*.gin file (packaged or a path), e.g. models/t5_1_1_xxl.gin")
-  p.add_argument("--mesh", default="1x1", help="DATAxMODEL devices, e.g. 8x8")
-  p.add_argument("--batch", type=_positive(int), default=32, help="global batch size")
-  p.add_argument("--inputs", type=_positive(int), default=512, help="input length (tokens)")
-  p.add_argument("--targets", type=_positive(int), default=8, help="target length (tokens)")
-  p.add_argument("--prompt_length", type=_positive(int), default=100)
-  p.add_argument("--dtype", default="bfloat16", help="activation dtype")
+                 help="a models/*.gin file (packaged or a path), e.g. models/t5_1_1_xxl.gin "
+                      "(default: %(default)s)")
+  p.add_argument("--mesh", default="1x1",
+                 help="DATAxMODEL devices, e.g. 8x8 (default: %(default)s)")
+  p.add_argument("--batch", type=_positive(int), default=32, help="global batch size (default: %(default)s)")
+  p.add_argument("--inputs", type=_positive(int), default=512, help="input length in tokens (default: %(default)s)")
+  p.add_argument("--targets", type=_positive(int), default=8, help="target length in tokens (default: %(default)s)")
+  p.add_argument("--prompt_length", type=_positive(int), default=100,
+                 help="prompt tuning's prompt length (default: %(default)s)")
+  p.add_argument("--dtype", default=None,
+                 help="activation dtype (default: the --model file's, else bfloat16)")
   p.add_argument("--frozen_dtype", default="auto",
                  help="dtype of the frozen weights (auto: the activation dtype, as FROZEN_DTYPE)")
   p.add_argument("--remat", choices=list(REMAT_POLICY_NAMES), default="none",
-                 help="remat policy (T5Config.remat_policy)")
-  p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor")
+                 help="remat policy (T5Config.remat_policy; default: %(default)s)")
+  p.add_argument("--optimizer", choices=["adafactor", "adamw"], default="adafactor",
+                 help="the optimizer whose state is planned (default: %(default)s)")
   p.add_argument("--budget_gib", type=_positive(float), default=None,
-                 help="per-device memory to check against (prints fits / does not fit)")
+                 help="per-device memory to check against (prints fits / does not fit; "
+                      "exit status 1 when it does not fit)")
   return p
 
 
@@ -132,11 +138,15 @@ def _config(args):
       raise ConfigError(f"{where} is a run's file: it sets {', '.join(run_values)}, which plan "
                         f"takes from its flags; give the models/*.gin file it includes and "
                         f"those flags")
+    if args.dtype is None:  # (embedded_tiny.gin trains in float32: planned in bfloat16)
+      bound = layering.is_bound(_DTYPE)
+      args.dtype = str(gin.query_parameter(_DTYPE)) if bound else "bfloat16"
     return run_setup.t5_config(dtype=args.dtype, dropout_rate=0.0, remat_policy=args.remat)
   finally:
     gin.clear_config()
 
 
+_DTYPE = "prompt_jax.t5_config.dtype"
 _RUN_MACROS = (("BATCH_SIZE", "batch"), ("TASK_FEATURE_LENGTHS", "inputs, --targets"),
                ("PROMPT_LENGTH", "prompt_length"))
 
@@ -207,7 +217,8 @@ def _size(num_bytes: float) -> str:
           else f"{num_bytes / 1024 ** 2:.2f} MiB")
 
 
-def _report(args, result: Dict[str, float]) -> None:
+def _report(args, result: Dict[str, float]) -> bool:
+  """Prints the plan; False when it does not fit --budget_gib."""
   data, model_parallel = _mesh_shape(args.mesh)
   frozen = (f"auto ({args.dtype})" if args.frozen_dtype == "auto"
             else args.frozen_dtype)
@@ -222,12 +233,14 @@ def _report(args, result: Dict[str, float]) -> None:
                                      ("argument", "output", "temp", "alias")))
   line = (f"  per-device peak (arguments + outputs + temporaries - aliased): "
           f"{_size(result['total'])}")
+  fits = True
   if args.budget_gib is not None:
     fits = result["total"] <= args.budget_gib * GIB
     line += f" -> {'fits' if fits else 'does NOT fit'} in {args.budget_gib:g} GiB"
   print(line)
   if os.environ.get(_FAKE_DEVICES_ENV):
     print("  (from the XLA CPU compiler's buffer assignment on fake devices: an estimate)")
+  return fits
 
 
 def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
@@ -259,8 +272,7 @@ def main(argv: Optional[Sequence[str]] = None, verbose: bool = False) -> int:
       child = [sys.executable, "-m", "prompt_jax.cli", "plan", *argv]
       return subprocess.run(child + (["--verbose"] if verbose else []), env=env,
                             check=False).returncode
-  _report(args, plan(args))
-  return 0
+  return 0 if _report(args, plan(args)) else 1
 
 
 if __name__ == "__main__":  # as `prompt-jax plan`, through the CLI's one error path

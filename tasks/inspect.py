@@ -172,11 +172,14 @@ def main(argv: Sequence[str], verbose: bool = False) -> int:
       prog="prompt-jax tasks",
       description="List registered seqio tasks, or show preprocessed examples of one.")
   parser.add_argument("name", nargs="?", help="task to show; omit to list all tasks")
-  parser.add_argument("-n", "--num_examples", type=int, default=3)
+  parser.add_argument("-n", "--num_examples", type=int, default=3,
+                      help="examples to show (default 3)")
   parser.add_argument("--split", default=None, help="default: validation when available")
   parser.add_argument("--filter", default="", help="list only names containing this")
   parser.add_argument("--data_dir", default=None,
                       help=f"local data dir (else gin/${sources.DATA_DIR_ENV}; unset: TFDS)")
+  parser.add_argument("--tfds_data_dir", default=None,
+                      help="TFDS data dir override for seqio tasks (as train's)")
   parser.add_argument("--tokens", action="store_true",
                       help="show token ids after the full pipeline, decoded with the task's own "
                            "vocabulary (T5's SentencePiece model for the package's tasks)")
@@ -191,6 +194,8 @@ def main(argv: Sequence[str], verbose: bool = False) -> int:
     return EXIT_CONFIG_ERROR
   if args.data_dir:
     sources.set_data_dir(args.data_dir)
+  if args.tfds_data_dir:  # (the flag the error of a dataset TFDS has not prepared names)
+    seqio.set_tfds_data_dir_override(args.tfds_data_dir)
   if args.spm_path:
     os.environ[vocab_lib.SPM_PATH_ENV] = args.spm_path
   if args.name is None:

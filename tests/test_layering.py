@@ -163,8 +163,8 @@ def test_progress_times_past_a_day_do_not_wrap():
 def test_eval_of_a_directory_without_a_run_says_so(tmp_path, capsys):
   assert cli.main(["eval", f"--gin.MODEL_DIR='{tmp_path}/nothing_here'"]) == 2
   err = capsys.readouterr().err
-  assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {tmp_path}/nothing_here holds no "
-                        f"trained run (no config.gin): point it at a run's directory, or set "
+  assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {tmp_path}/nothing_here does not "
+                        f"exist: point it at a run's directory, or set "
                         f"MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, INITIAL_CHECKPOINT_PATH")
   assert err.count("\n") == 1 and not os.path.exists(tmp_path / "nothing_here")
 
@@ -259,6 +259,10 @@ def test_a_model_dir_one_level_off_names_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {model_dir} holds no trained run "
                           f"(no config.gin) {near}: point it at a run's directory"), err
+  assert cli.main(["eval", f"--gin.MODEL_DIR='{tmp_path / 'c'}'"]) == 2
+  err = capsys.readouterr().err  # (it said "holds no trained run")
+  assert err.startswith(f"prompt-jax eval: error: MODEL_DIR {tmp_path / 'c'} does not exist: "
+                        f"point it at a run's directory"), err
 
 
 def test_ensemble_eval_without_settings_says_how_to_take_a_member_s(tmp_path, capsys):

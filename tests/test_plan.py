@@ -48,6 +48,16 @@ def test_plan_cli_runs_on_fake_devices_and_prints_memory():
   assert re.search(r"per-device peak .*: [0-9.]+ (MiB|GiB) -> fits in 1 GiB", out), out[-2000:]
 
 
+def test_plan_takes_the_model_files_dtype_and_exits_1_over_budget():
+  """embedded_tiny.gin trains in float32, and plan planned it in bfloat16 (its --dtype default);
+  "does NOT fit" exited 0, so a script could not tell."""
+  argv = [a for a in TINY if not a.startswith(("--dtype", "--frozen_dtype"))]
+  proc = cli_subprocess(["plan", *argv, "--budget_gib=0.0001"], devices=1, timeout=600)
+  assert proc.returncode == 1, proc.stdout[-3000:]
+  assert "float32 activations, auto (float32) frozen weights" in proc.stdout, proc.stdout
+  assert "-> does NOT fit in 0.0001 GiB" in proc.stdout, proc.stdout
+
+
 def test_plan_refuses_a_bad_mesh():
   proc = cli_subprocess(["plan", *TINY, "--mesh=8by8"], devices=1, timeout=300)
   assert proc.returncode == 2

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from prompt_jax import console
 from prompt_jax import errors
 from prompt_jax import npy
 from prompt_jax.errors import ConfigError
@@ -131,8 +132,9 @@ def _figure():
 
 
 def _save(fig, path: str) -> None:
-  fig.tight_layout()
-  fig.savefig(path + ".tmp.png", dpi=110)
+  with console.missing_glyphs_quiet():
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=110)
   os.replace(path + ".tmp.png", path)
 
 
@@ -145,7 +147,7 @@ def plot_spectrum(s: np.ndarray, tolerance: float, path: str, title: str) -> Non
   if tolerance > 0:
     ax.axhline(tolerance, color="grey", linestyle="--", linewidth=1,
                label=f"tolerance {tolerance:.2g}")
-    ax.legend(loc="upper right")
+    ax.legend(loc="best")  # (upper right covered the curve's start)
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_xlabel("index i")

@@ -71,8 +71,10 @@ def load_run(model_dir: Optional[str], dataset_cfg: data_lib.DatasetConfig,
   if not checkpoint_path and model_dir and not prompt_file:
     checkpoint_path = run_dir.resolve(model_dir).checkpoint
   if not checkpoint_path and not prompt_file and model.prompt is not None:
-    raise ConfigError("nothing to evaluate: set CHECKPOINT_PATH or PROMPT_FILE, or point "
-                      "MODEL_DIR at a trained run")
+    where = (f"MODEL_DIR {model_dir} holds no checkpoint (train first, or) "
+             if model_dir and os.path.isfile(run_dir.config_path(model_dir)) else "")
+    raise ConfigError(f"nothing to evaluate: {where}set CHECKPOINT_PATH or PROMPT_FILE, or point "
+                      f"MODEL_DIR at a trained run")
   prompt = model.prompt
   if prompt_file and prompt is not None:
     prompt = specs.from_prompt_file(prompt, prompt_file)

@@ -29,6 +29,7 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from prompt_jax import console
 from prompt_jax.errors import ConfigError, did_you_mean, make_dirs
 from prompt_jax.launch import runner
 from prompt_jax.launch import spec as spec_lib
@@ -283,10 +284,11 @@ def figure(sweep: spec_lib.Sweep, results: Sequence[JobResult], fig_spec: Mappin
   if line_axes:
     ax.legend(title=", ".join(line_axes), fontsize=8)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
   stem = _stem(x_axis.name, line_axes, fig_spec, used_stems if used_stems is not None else set())
   path = os.path.join(out_dir, stem + ".png")
-  fig.savefig(path + ".tmp", dpi=110, format="png")  # (each file whole or not at all)
+  with console.missing_glyphs_quiet():  # (labels of the user's own values)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp", dpi=110, format="png")  # (each file whole or not at all)
   os.replace(path + ".tmp", path)
   csv_path = os.path.join(out_dir, stem + ".csv")
   with open(csv_path + ".tmp", "w", newline="") as f:

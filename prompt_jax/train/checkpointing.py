@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import glob
 import logging
 import os
 import re
@@ -348,7 +349,9 @@ def manager(model_dir: str, *, period: int, keep: Optional[int],
   """Keeps `keep` checkpoints, saving every `period` steps (and whenever forced)."""
   options = ocp.CheckpointManagerOptions(
       save_interval_steps=max(1, period), max_to_keep=keep, create=not read_only,
-      read_only=read_only, enable_async_checkpointing=False)
+      read_only=read_only, enable_async_checkpointing=False,
+      # a save cut short (killed, a second Ctrl-C) left `<step>.orbax-checkpoint-tmp` for good
+      cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(
       checkpoints_dir(model_dir), options=options,
       item_handlers={"state": ocp.StandardCheckpointHandler(),
@@ -545,11 +548,17 @@ def latest_intact(model_dir: str, restore: Callable[[int], Any], use: str = "res
       _warn_once(_fallback_message(model_dir, broken, step, use))
     return step, result, broken
   if broken:
+    exported = sorted(glob.glob(os.path.join(model_dir, NUMPY_DIR, "checkpoint_*", "*.npy")),
+                      key=lambda p: int(re.sub(r"\D", "", os.path.basename(os.path.dirname(p)))
+                                        or 0))
+    kept = (f"; the prompt of a step survives as {exported[-1]} (eval / infer it with "
+            f"--gin.PROMPT_FILE, or start a new run from it: prompts/from_file.gin)"
+            if exported else "")
     raise RunError(
         f"no intact checkpoint in {checkpoints_dir(model_dir)}: "
         + "; ".join(f"step {s}: {r}" for s, r in broken)
         + ". Nothing was changed or deleted; restore the files from a copy, or start over with "
-          "a new MODEL_DIR")
+          f"a new MODEL_DIR{kept}")
   return None
 
 

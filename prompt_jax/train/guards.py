@@ -66,7 +66,7 @@ def check_finite(first_bad: jax.Array, step: int, last_good: Callable[[], Option
 def stop_now(code: int = 128 + signal.SIGINT, why: str = "") -> None:
   """Ends the process at once, as a second Ctrl-C asks: one line, exit 130, no atexit handlers
   or library threads left to print tracebacks. An orbax save cut short leaves its temporary
-  directory, which the next run ignores (it resumes from the newest intact checkpoint)."""
+  directory, which the next run removes (it resumes from the newest intact checkpoint)."""
   try:
     sys.stdout.flush()
   except (OSError, ValueError):

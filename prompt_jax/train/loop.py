@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
@@ -35,14 +36,32 @@ from prompt_jax.train import summaries
 EVALUATED_FILE = "last_evaluation.json"
 
 
-def write_config(model_dir: str) -> None:
-  """The resolved gin config, as t5x writes it (process 0 only)."""
+def write_config(model_dir: str, resumed_at: Optional[int] = None) -> None:
+  """The resolved gin config, as t5x writes it (process 0 only). A run resumed at step N with
+  other settings keeps the config.gin its steps so far trained with as config_to_step<N>.gin
+  (it was replaced without a word: nothing said which learning rate steps 0-N had) and says
+  which macros changed."""
   if jax.process_index() == 0:
     directory = epath.Path(model_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    text = gin.config_str()
+    old_file = directory / run_dir.CONFIG_FILE
+    if resumed_at and old_file.exists():
+      old = old_file.read_text()
+      if old != text:
+        kept = directory / f"config_to_step{resumed_at}.gin"
+        if not kept.exists():  # (an earlier resume at the same step kept the first)
+          kept.write_text(old)
+        macro = re.compile(r"^([A-Z][A-Z0-9_]*) = (.*)$", re.M)
+        was, now = dict(macro.findall(old)), dict(macro.findall(text))
+        changes = [f"{k} {was.get(k, 'unset')} -> {now.get(k, 'unset')}"
+                   for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+        summaries.log("settings changed at step %d (%s): config.gin has the new ones, %s the "
+                      "ones steps 0-%d trained with", resumed_at,
+                      ", ".join(changes) or "bindings other than macros", kept, resumed_at)
     tmp = directory / (run_dir.CONFIG_FILE + ".tmp")
-    tmp.write_text(gin.config_str())
-    tmp.replace(directory / run_dir.CONFIG_FILE)
+    tmp.write_text(text)
+    tmp.replace(old_file)
 
 
 def global_batch(local: Mapping[str, np.ndarray], sharding,
@@ -292,7 +311,7 @@ def train(*, model_dir: str = gin.REQUIRED,
   run, state, restored = checkpointing.resume_or_initialise(mngr, model_dir, run, tx, mesh,
                                                             stream)
   position = _resumed(mngr, model_dir, restored, stream, backbone) if restored is not None else 0
-  write_config(model_dir)
+  write_config(model_dir, restored.step if restored is not None else None)
 
   first_bad = guards.initial_flag(replicated)
   eval_step = jax.jit(

@@ -20,6 +20,9 @@ class Optimizer:
   schedule: Callable[[int], float]
 
 
+_FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
+
+
 def _schedule(learning_rate: float, warmup_steps: int):
   """Constant `learning_rate` after `warmup_steps` of linear warm-up; a rate that is not a number
   >= 0 is one ConfigError here, when gin builds the optimizer before the run writes anything
@@ -29,6 +32,10 @@ def _schedule(learning_rate: float, warmup_steps: int):
       or math.isnan(learning_rate) or learning_rate < 0):
     raise ConfigError(f"LEARNING_RATE must be a number >= 0, got {learning_rate!r}: e.g. "
                       f"--gin.LEARNING_RATE=0.3 (a number, without quotes)")
+  if math.isfinite(learning_rate) and learning_rate > _FLOAT32_MAX:  # (numpy's overflow warnings)
+    raise ConfigError(f"LEARNING_RATE={learning_rate!r} is beyond float32's range (at most "
+                      f"{_FLOAT32_MAX:.4g}), in which the step computes: e.g. "
+                      f"--gin.LEARNING_RATE=0.3")
   check_integer(warmup_steps, "warmup_steps", 0)
   if not warmup_steps:
     return optax.constant_schedule(learning_rate)

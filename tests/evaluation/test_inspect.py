@@ -348,3 +348,16 @@ def test_a_vocabulary_that_is_not_a_sentencepiece_model_is_one_line(tmp_path, ki
   _assert_one_line(code, out, err, f"--vocabulary {bad} is not a SentencePiece model that can "
                                    f"be read (")
   assert sorted(os.listdir(tmp_path)) == ["bad.model", "p.npy"]
+
+
+def test_a_title_the_font_cannot_draw_prints_no_warning(tmp_path):
+  """A run dir named 模型: matplotlib printed four 'UserWarning: Glyph 27169 ... missing from
+  font(s)' lines with their source lines; the figure is written (the title in boxes)."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  from prompt_jax.evaluation import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "s.png")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    inspect_lib.plot_spectrum(np.array([3.0, 1.0, 0.1]), 0.5, path, "模型 prompt")
+  assert not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
+  assert os.path.getsize(path) > 0

@@ -1,5 +1,6 @@
 """The TFDS path (no data dir), with `tfds.testing.mock_data`: never a real download."""
 import pytest
+import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -99,3 +100,20 @@ def test_an_unprepared_dataset_offline_is_one_line_at_once(monkeypatch):
                           "(super.gluebenchmark.com/tasks) so that it holds train.jsonl, "
                           "val.jsonl, test.jsonl), or pass --tfds_data_dir=DIR where it is "
                           "prepared"), message
+
+
+def test_tasks_takes_the_tfds_data_dir_its_error_names(monkeypatch, tmp_path, capsys):
+  """`prompt-jax tasks` ended that line with "pass --tfds_data_dir=DIR" and then refused the flag
+  (unrecognized arguments). It now reads TFDS there, as train does."""
+  from prompt_jax import paths  # pylint: disable=g-import-not-at-top
+  from prompt_jax.tasks import inspect as tasks_inspect  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paths, "unreachable_gcs",
+                      lambda *a, **k: "storage.googleapis.com does not resolve")
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: False)
+  try:
+    code = tasks_inspect.main(["taskless_super_glue_rte_v102", "-n", "1",
+                               f"--tfds_data_dir={tmp_path}"])
+  finally:
+    seqio.set_tfds_data_dir_override(None)
+  err = capsys.readouterr().err
+  assert code == 2 and f"is not prepared (no {tmp_path}/super_glue/rte/1.0.2)" in err, err

@@ -112,6 +112,12 @@ def _t5x_run(ctx):
   return ctx.model_dir
 
 
+def _without_checkpoints(ctx):
+  """The trained run with its checkpoints gone (a save that never committed leaves this)."""
+  shutil.rmtree(os.path.join(ctx.model_dir, "checkpoints"))
+  return ctx.model_dir
+
+
 def _holding_the_export(ctx):
   """A directory for --output that already holds a file of the export's name."""
   folder = ctx.path("exports")
@@ -245,6 +251,9 @@ CASES = [
            model_dir="fresh")  # a string failed after writing the run; -1 trained uphill
       for name, value, shown in (("a_string", "'fast'", "'fast'"), ("negative", "-1", "-1"),
                                  ("quoted_number", "'0.3'", "'0.3'"))),
+    Case("learning_rate_beyond_float32", lambda c: train(c, "--gin.LEARNING_RATE=1e39"),
+         "LEARNING_RATE=1e+39 is beyond float32's range (at most 3.403e+38)",
+         model_dir="fresh"),  # two numpy 'overflow encountered in cast' warnings, then NaN
     Case("keep_no_checkpoints", lambda c: train(c, "--gin.KEEP_CHECKPOINTS=0"),
          "KEEP_CHECKPOINTS must be >= 1 or None (keep them all), got 0"),
     Case("checkpoint_period_zero", lambda c: train(c, "--gin.CHECKPOINT_PERIOD=0"),
@@ -361,11 +370,20 @@ CASES = [
          "the gin values it was trained with (e.g. PROMPT_LENGTH)", model_dir="fresh"),
     Case("describe_model_dir_without_a_run", lambda c: [
         "describe", f"--gin.MODEL_DIR='{c.model_dir}'"],
-         "holds no trained run (no config.gin): point it at a run's directory, or name a model "
-         "file", model_dir="fresh"),  # was gin's "Required bindings for t5_config"
+         "/model_dir does not exist: point it at a run's directory, or name a model file",
+         model_dir="fresh"),  # was gin's "Required bindings for t5_config"; then "holds no run"
     Case("eval_of_a_t5x_train_run", lambda c: ["eval", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
          "is a run of t5x.train, whose config.gin prompt-jax does not read: evaluate it with "
          "--gin.CHECKPOINT_PATH=", model_dir="fresh"),
+    # a copy's config.gin names the original's MODEL_DIR: eval of the copy evaluated the
+    # original and wrote its results there
+    Case("eval_with_a_copied_runs_config_gin", lambda c: [
+        "eval", f"--gin_file={c.model_dir}/config.gin"],
+         "/config.gin is the config.gin of a run in "),
+    Case("eval_of_a_run_without_checkpoints", lambda c: [
+        "eval", f"--gin.MODEL_DIR='{_without_checkpoints(c)}'"],
+         "/model_dir holds no checkpoint (train first, or) set CHECKPOINT_PATH or "
+         "PROMPT_FILE"),  # (did not say that this run has none)
     Case("export_of_a_t5x_train_run", lambda c: ["export", f"--gin.MODEL_DIR='{_t5x_run(c)}'"],
          "is a run of t5x.train, whose config.gin prompt-jax does not read: export it with "
          "--gin.CHECKPOINT_PATH=", model_dir="fresh"),  # (said "evaluate it")

@@ -147,6 +147,8 @@ def test_sigkill_at_random_points_resumes_bitwise(reference, tmp_path):
     for step in (8, 10, 12):
       np.testing.assert_array_equal(common.prompt_at(d, step), common.prompt_at(reference, step))
     assert not [n for n in os.listdir(os.path.join(d, "numpy_checkpoints")) if ".tmp" in n]
+    # ... and no save a kill cut short is left behind (they stayed, never read)
+    assert not [n for n in os.listdir(os.path.join(d, "checkpoints")) if "tmp" in n], seed
 
 
 # ===== 2. Damaged checkpoints =====
@@ -221,6 +223,11 @@ def test_no_intact_checkpoint_is_one_error_and_changes_nothing(reference, tmp_pa
   assert len(lines) == 1 and "no intact checkpoint" in lines[0], proc.stdout[-3000:]
   for step in (8, 10, 12):
     assert f"step {step}:" in lines[0]
+  # (the exported prompts are intact: it said only "restore from a copy, or start over")
+  npy = os.path.join(d, "numpy_checkpoints", "checkpoint_12", "encoder.prompt.prompt.prompt.npy")
+  assert lines[0].endswith(f"; the prompt of a step survives as {npy} (eval / infer it with "
+                           f"--gin.PROMPT_FILE, or start a new run from it: "
+                           f"prompts/from_file.gin)"), lines[0]
   assert "Traceback" not in proc.stdout
   assert snapshot(d) == before
 
@@ -313,6 +320,29 @@ def test_sigterm_saves_and_the_same_command_resumes(reference, tmp_path, sig, co
   assert resumed.returncode == 0, resumed.stdout[-3000:]
   assert f"restored step {step} " in resumed.stdout
   assert common.prompt_at(d, STEPS).tobytes() == common.prompt_at(reference, STEPS).tobytes()
+
+
+def test_a_resume_with_other_settings_keeps_the_config_its_steps_trained_with(tmp_path):
+  """Resuming with --gin.LEARNING_RATE=0.01 replaced config.gin without a word: nothing recorded
+  that steps 1-4 trained at 0.3. The old file is kept, the change is said; the same command
+  again keeps nothing more."""
+  d = str(tmp_path / "changed")
+  first = common.cli_subprocess(run_argv(d, 4))
+  assert first.returncode == 0, first.stdout[-3000:]
+  old = open(os.path.join(d, "config.gin")).read()
+  assert "LEARNING_RATE = 0.3\n" in old
+  second = common.cli_subprocess(run_argv(d, 6, "--gin.LEARNING_RATE=0.01"))
+  assert second.returncode == 0, second.stdout[-3000:]
+  kept = os.path.join(d, "config_to_step4.gin")
+  assert open(kept).read() == old
+  assert "LEARNING_RATE = 0.01\n" in open(os.path.join(d, "config.gin")).read()
+  assert (f"settings changed at step 4 (LEARNING_RATE 0.3 -> 0.01, TRAIN_STEPS 4 -> 6): "
+          f"config.gin has the new ones, {kept} the ones steps 0-4 trained with"
+          ) in second.stdout, second.stdout[-3000:]
+  again = common.cli_subprocess(run_argv(d, 6, "--gin.LEARNING_RATE=0.01"))
+  assert again.returncode == 0 and "settings changed" not in again.stdout, again.stdout[-3000:]
+  assert sorted(n for n in os.listdir(d) if n.endswith(".gin")) == ["config.gin",
+                                                                     "config_to_step4.gin"]
 
 
 @pytest.mark.parametrize("sig,code,by", [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")])
