@@ -316,13 +316,18 @@ def _check_moved_run_config(gin_files: Sequence[str], search_paths: Sequence[str
     path = layering.gin_path(f, dirs) if os.path.basename(f) == "config.gin" else None
     if path is None:
       continue
+    here = os.path.dirname(os.path.abspath(path))
     with open(path) as fh:
-      m = re.search(r"^MODEL_DIR = (.+)$", fh.read(), re.M)
+      text = fh.read()
+    # (a run's: gin's resolved config beside its checkpoints, not a file of the user's own
+    # that names where its run goes)
+    if not text.startswith("# Macros:") or not os.path.isdir(os.path.join(here, "checkpoints")):
+      continue
+    m = re.search(r"^MODEL_DIR = (.+)$", text, re.M)
     try:
       named = ast.literal_eval(m[1]) if m else None
     except (ValueError, SyntaxError):
       continue
-    here = os.path.dirname(os.path.abspath(path))
     if isinstance(named, str) and "://" not in named and \
         os.path.realpath(named) != os.path.realpath(here):
       raise _Error(f"--gin_file={f} is the config.gin of a run in {named} (MODEL_DIR), not of "

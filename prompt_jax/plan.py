@@ -58,9 +58,12 @@ def _parser() -> argparse.ArgumentParser:
                       "(default: %(default)s)")
   p.add_argument("--mesh", default="1x1",
                  help="DATAxMODEL devices, e.g. 8x8 (default: %(default)s)")
-  p.add_argument("--batch", type=_positive(int), default=32, help="global batch size (default: %(default)s)")
-  p.add_argument("--inputs", type=_positive(int), default=512, help="input length in tokens (default: %(default)s)")
-  p.add_argument("--targets", type=_positive(int), default=8, help="target length in tokens (default: %(default)s)")
+  p.add_argument("--batch", type=_positive(int), default=32,
+                 help="global batch size (default: %(default)s)")
+  p.add_argument("--inputs", type=_positive(int), default=512,
+                 help="input length in tokens (default: %(default)s)")
+  p.add_argument("--targets", type=_positive(int), default=8,
+                 help="target length in tokens (default: %(default)s)")
   p.add_argument("--prompt_length", type=_positive(int), default=100,
                  help="prompt tuning's prompt length (default: %(default)s)")
   p.add_argument("--dtype", default=None,

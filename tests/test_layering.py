@@ -319,3 +319,24 @@ def test_method_files_that_cannot_go_together_are_one_line(files, expected):
   with pytest.raises(ConfigError) as e:
     layering.split_files(["runs/embedded_default.gin", *files], [])
   assert str(e.value).startswith(expected), e.value
+
+
+def test_a_copied_runs_config_gin_needs_a_model_dir_and_a_users_own_does_not(tmp_path, capsys):
+  """A run's config.gin (gin's resolved config, beside its checkpoints) names its MODEL_DIR: from
+  a copy, without --gin.MODEL_DIR, eval read and wrote the original. A file of the user's own
+  named config.gin that says where its run goes is not a run's."""
+  own = tmp_path / "mine" / "config.gin"
+  own.parent.mkdir()
+  own.write_text(f"include 'runs/embedded_default.gin'\nMODEL_DIR = '{tmp_path / 'run'}'\n")
+  assert cli.main(["describe", f"--gin_file={own}"]) == 0
+  capsys.readouterr()
+  copy = tmp_path / "copy"
+  (copy / "checkpoints").mkdir(parents=True)
+  (copy / "config.gin").write_text(f"# Macros:\n# ===\nMODEL_DIR = '{tmp_path / 'original'}'\n")
+  assert cli.main(["describe", f"--gin_file={copy / 'config.gin'}"]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"prompt-jax describe: error: --gin_file={copy / 'config.gin'} is the config.gin "
+                 f"of a run in {tmp_path / 'original'} (MODEL_DIR), not of {copy}, where it lies "
+                 f"(a moved or copied run): give --gin.MODEL_DIR=\"'{copy}'\" for this one, or a "
+                 f"MODEL_DIR of your own for the results (with --gin.CHECKPOINT_PATH=\"'{copy}/"
+                 f"checkpoints/<step>'\")\n"), err

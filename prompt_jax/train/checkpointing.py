@@ -18,8 +18,8 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import json
 import glob
+import json
 import logging
 import os
 import re

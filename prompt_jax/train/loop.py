@@ -51,7 +51,8 @@ def write_config(model_dir: str, resumed_at: Optional[int] = None) -> None:
       if old != text:
         kept = directory / f"config_to_step{resumed_at}.gin"
         if not kept.exists():  # (an earlier resume at the same step kept the first)
-          kept.write_text(old)
+          (directory / (kept.name + ".tmp")).write_text(old)
+          (directory / (kept.name + ".tmp")).replace(kept)
         macro = re.compile(r"^([A-Z][A-Z0-9_]*) = (.*)$", re.M)
         was, now = dict(macro.findall(old)), dict(macro.findall(text))
         changes = [f"{k} {was.get(k, 'unset')} -> {now.get(k, 'unset')}"
@@ -384,8 +385,10 @@ def train(*, model_dir: str = gin.REQUIRED,
   buckets = _BucketPrograms(stream.buckets)
   watch = guards.PreemptionWatch().install()  # SIGTERM, Ctrl-C: save after a step
   try:  # an exception leaves no handler behind (a notebook's Ctrl-C would be swallowed)
+    evaluated_first = False
     if eval_before_training and start == 0:
       evaluate(0)
+      evaluated_first = True
     elif eval_period and 0 < start < total_steps and start % eval_period == 0:
       # The run that saved `start` may have stopped (killed, preempted) before or during its
       # evaluation, which no later step would redo: evaluate it now, unless its evaluation (of the
@@ -394,7 +397,8 @@ def train(*, model_dir: str = gin.REQUIRED,
         summaries.log("evaluating the restored step %d (its run may have stopped before its "
                       "evaluation finished)", start)
         evaluate(start)
-    if start < total_steps and watch.requested(start):  # SIGTERM during that evaluation
+        evaluated_first = True
+    if evaluated_first and start < total_steps and watch.requested(start):  # (during it)
       _stop_before_training(watch, start, model_dir)
     for step in range(start, total_steps):
       local = next(stream)
