@@ -214,7 +214,7 @@ def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tup
   elif isinstance(prompts, Mapping):
     items = [(str(k), v) for k, v in prompts.items()]
   elif prompts is None or isinstance(prompts, (list, tuple)):
-    items = [(_stem(p), p) for p in (prompts or ())]
+    items = list(zip(_distinct_names(prompts or ()), prompts or ()))
   else:  # e.g. ENSEMBLE_PROMPTS=5: a count, not the prompts
     raise ConfigError(f"{what} must name the prompts: a list of .npy prompt files or trained "
                       f"MODEL_DIRs, a dict name -> path, or a directory of them; got "
@@ -239,6 +239,22 @@ def prompt_sources(prompts: Prompts, what: str = "ENSEMBLE_PROMPTS") -> List[Tup
 def _stem(path: str) -> str:
   base = os.path.basename(str(path).rstrip("/"))
   return base[:-len(".npy")] if base.endswith(".npy") else base
+
+
+def _distinct_names(listed: Sequence[Any]) -> List[str]:
+  """Each listed prompt's name: its file's stem, or where stems coincide (every run's export is
+  export/prompt_step<N>.npy) the shortest end of its path that tells it apart
+  ('runA/export/prompt_step4'); the same path listed twice keeps its stem (an error later)."""
+  parts = [[_stem(p)] if not isinstance(p, str) else
+           os.path.normpath(p).split(os.sep)[:-1] + [_stem(p)] for p in listed]
+  names = []
+  for i, own in enumerate(parts):
+    k = 1
+    while any(j != i and other[-k:] == own[-k:] for j, other in enumerate(parts)) and \
+        k < len(own) and any(other != own for other in parts if other[-1] == own[-1]):
+      k += 1
+    names.append("/".join(own[-k:]))
+  return names
 
 
 @dataclasses.dataclass

@@ -115,6 +115,9 @@ def run(prompt_path: str, source: str, target: str, output_dir: str, methods: Se
         word_offset: int = recycling.DEFAULT_WORD_OFFSET, source_vocabulary=None,
         target_vocabulary=None, say=print) -> dict:
   """Recycles the prompt with each method; returns the recycle.json content."""
+  twice = sorted({m for m in methods if list(methods).count(m) > 1})
+  if twice:  # (it fitted, printed and wrote each one again)
+    raise ConfigError(f"--methods names {twice[0]} twice: name each recycler once")
   unknown = [m for m in methods if m not in recycling.METHODS]
   if unknown or not methods:
     raise ConfigError(f"unknown recycler {unknown[0] if unknown else ''!r}; --methods takes "

@@ -34,6 +34,7 @@ import optax
 
 from prompt_jax import console
 from prompt_jax import errors
+from prompt_jax import paths
 from prompt_jax import trees
 from prompt_jax.errors import ConfigError, RunError
 from prompt_jax.prompts import ipt
@@ -111,7 +112,10 @@ def pretrain(tokens: np.ndarray, labels: Sequence[str], vocab_size: int, emb_dim
   if encoder not in ipt.ENCODERS:
     raise ConfigError(f"--encoder must be one of {ipt.ENCODERS}, got {encoder!r}")
   if tokens.max() >= vocab_size:
-    raise ConfigError(f"token id {int(tokens.max())} >= vocab_size={vocab_size}")
+    raise ConfigError(f"the tokenizer gives token id {int(tokens.max())}, beyond the table's "
+                      f"--vocab_size={vocab_size} rows: give the --vocab_size of the model the "
+                      f"table is for (its embedding rows, e.g. 32128 for T5) and the --spm that "
+                      f"model uses")
   classes = sorted(set(labels))
   if len(classes) < 2:  # the loss is 0 from the start: the table would learn nothing
     raise ConfigError(f"the data has one label ({classes[0]!r} for all {len(labels)} examples): "
@@ -211,10 +215,14 @@ def _out_path(out: str) -> str:
     if os.path.exists(existing):
       raise ConfigError(f"--out {out}: {existing} already exists: ipt-pretrain never replaces a "
                         f"trained table; choose another --out or remove it first")
-  if not os.path.isdir(parent):
-    raise ConfigError(f"--out {out}: directory {parent} does not exist; create it first")
-  if not os.access(parent, os.W_OK):
-    raise ConfigError(f"--out {out}: directory {parent} is not writable")
+  existing_dir = paths.nearest_existing(parent)  # (created once the table is trained)
+  if not os.path.isdir(existing_dir):
+    raise ConfigError(f"--out {out}: {existing_dir} is a file, not a directory")
+  try:
+    paths.probe_writable(existing_dir)
+  except OSError as e:
+    raise ConfigError(f"--out {out}: directory {existing_dir} is not writable "
+                      f"({e.strerror})") from None
   return path
 
 
@@ -222,6 +230,7 @@ def _save(out: str, table: np.ndarray, network: Dict[str, np.ndarray], **meta) -
   """Writes the table at `out` and its network beside it, each whole or not at all."""
   tmp = f"{out[:-len('.npy')]}.tmp{os.getpid()}.npy"
   tmp_network = ipt.network_path(tmp)
+  errors.make_dirs(os.path.dirname(os.path.abspath(out)), f"--out {out}")
   try:
     with open(tmp, "wb") as f:
       np.save(f, table)

@@ -423,3 +423,20 @@ def test_members_trained_on_another_task_or_frozen_model_are_warned_of(trained_r
   # A .npy member records neither: nothing to say.
   assert ensemble.warn_of_other_sources(
       [ensemble.Member("f", str(tmp_path / "p.npy"), "prompt_tuning (file)", 4)], "x", moved) == []
+
+
+def test_exports_of_several_runs_are_named_by_their_runs(tmp_path):
+  """Every run exports export/prompt_step<N>.npy: listing two runs' exports was refused ("name(s)
+  prompt_step4 appear twice; name them with a dict"), the usual case made the awkward one."""
+  from prompt_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  listed = []
+  for run in ("runA", "runB"):
+    (tmp_path / run / "export").mkdir(parents=True)
+    np.save(tmp_path / run / "export" / "prompt_step4.npy", np.zeros((2, 4), np.float32))
+    listed.append(str(tmp_path / run / "export" / "prompt_step4.npy"))
+  np.save(tmp_path / "other.npy", np.zeros((2, 4), np.float32))
+  listed.append(str(tmp_path / "other.npy"))
+  assert [n for n, _ in ensemble.prompt_sources(listed)] == [
+      "runA/export/prompt_step4", "runB/export/prompt_step4", "other"]
+  with pytest.raises(ConfigError, match=r"prompt name\(s\) other appear twice"):
+    ensemble.prompt_sources(listed + [str(tmp_path / "other.npy")])  # the same file twice

@@ -1,6 +1,7 @@
 """IPT: random / pretrained lookup and encoder IPT; training, masks, the table's vocab check."""
 import functools
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -159,7 +160,8 @@ def test_ipt_pretrain_bad_data_is_one_line_exit_2_through_the_cli(tmp_path):
     ('{"text": "a", "label": "x"}\nnot json\n', [], "bad.jsonl:2 is not JSON"),
     ('["a", "x"]\n', [], "bad.jsonl:1 lacks 'text' or 'label'"),
     ("", [], "has no examples"),
-    ('{"text": "a", "label": "x"}\n', ["--out=missing_dir/t.npy"], "does not exist; create it"),
+    ('{"text": "a", "label": "x"}\n', ["--out=bad.jsonl/t.npy"],
+     "bad.jsonl is a file, not a directory"),
     ('{"text": "a", "label": "x"}\n', ["--emb_dim=0"], "--emb_dim must be positive"),
     ('{"text": "a", "label": "x"}\n', ["--encoder=cnn"], "argument --encoder: invalid choice"),
 ])
@@ -207,6 +209,16 @@ def test_ipt_pretrain_spm_that_is_not_a_sentencepiece_model_is_one_line(tmp_path
   assert not list(tmp_path.glob("t*"))
 
 
+def test_ipt_pretrain_of_token_ids_beyond_the_table_says_which_flags_to_match():
+  """It said only "token id 14677 >= vocab_size=260" (T5's tokenizer, a 260-row table)."""
+  with pytest.raises(ConfigError) as e:
+    ipt_pretrain.pretrain(np.full((2, 4), 300, np.int32), ["x", "y"], V, 8, steps=1,
+                          log_every=0)
+  assert str(e.value) == (f"the tokenizer gives token id 300, beyond the table's --vocab_size={V} "
+                          f"rows: give the --vocab_size of the model the table is for (its "
+                          f"embedding rows, e.g. 32128 for T5) and the --spm that model uses")
+
+
 def test_ipt_pretrain_of_one_label_is_refused():
   """One label: the loss is 0 from the first step and the table learns nothing (it trained
   without a word)."""
@@ -230,6 +242,14 @@ def test_ipt_pretrain_writes_table_and_network_whole_or_not_at_all(tmp_path, mon
   assert ipt_pretrain._save(out, table, network, **meta) == ipt.network_path(out)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["t.network.npz", "t.npy"]
   np.testing.assert_array_equal(np.load(out), table)
+  # --out in a directory not made yet: checked before training, made for the table (it was
+  # refused, "create it first", where recycle makes its --output_dir)
+  new = str(tmp_path / "new" / "dir" / "v.npy")
+  assert ipt_pretrain._out_path(new) == new and not (tmp_path / "new").exists()
+  ipt_pretrain._save(new, table, network, **meta)
+  assert sorted(p.name for p in (tmp_path / "new" / "dir").iterdir()) == ["v.network.npz",
+                                                                         "v.npy"]
+  shutil.rmtree(tmp_path / "new")  # (the rest of the test lists tmp_path)
 
   def full_disk(*args, **kwargs):
     raise OSError(28, "No space left on device")

@@ -120,6 +120,9 @@ def test_other_bad_inputs(models, tmp_path):
   assert code == 2 and "exceeds the vocabulary's 96 entries" in err
   code, _, err = _cli(base + ["--num_words=80", "--methods=vec2vec_cubic"])
   assert code == 2 and "unknown recycler 'vec2vec_cubic'" in err
+  code, _, err = _cli(base + ["--num_words=80", "--methods=vec2vec_linear,vec2vec_linear"])
+  assert code == 2 and "--methods names vec2vec_linear twice" in err, err  # (ran it twice)
+  assert not os.path.exists(tmp_path / "o")
   wide = tmp_path / "wide.npy"
   np.save(wide, np.zeros((3, 7), np.float32))
   code, _, err = _cli([f"--prompt={wide}"] + base[1:] + ["--num_words=80"])

@@ -364,38 +364,6 @@ def test_a_signal_twice_stops_at_once_without_saving(tmp_path, sig, code, by):
   assert checkpoint_steps(d) == []
 
 
-# The signal while the run evaluates its untrained prompt (t5x's run_eval_before_training).
-SIGNAL_IN_THE_FIRST_EVALUATION = """
-import os, signal, sys
-from prompt_jax import cli
-from prompt_jax.evaluation import inference
-_evaluate = inference.evaluate
-def evaluate_with_a_signal(*args, **kwargs):
-  os.kill(os.getpid(), signal.{signal})
-  return _evaluate(*args, **kwargs)
-inference.evaluate = evaluate_with_a_signal
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
-@pytest.mark.parametrize("sig,code,said", [("SIGTERM", 143, "preempted (SIGTERM)"),
-                                            ("SIGINT", 130, "interrupted (Ctrl-C)")])
-def test_a_signal_during_the_evaluation_before_training_trains_no_step(tmp_path, sig, code,
-                                                                      said):
-  """README: "A SIGTERM during an evaluation stops after it, with no further step". During the
-  evaluation before the first step, the run compiled and trained step 1, then saved and stopped
-  (on a real model: the whole evaluation, then the compile)."""
-  d = str(tmp_path / "first_eval")
-  proc = common.cli_subprocess(
-      ["train"] + common.flags(d, STEPS, "--gin.prompt_jax.train.eval_before_training=True"),
-      timeout=300, python_code=SIGNAL_IN_THE_FIRST_EVALUATION.format(signal=sig))
-  assert proc.returncode == code, proc.stdout[-3000:]
-  assert (f"{said} at step 0, before training: nothing was trained yet; run the same command "
-          f"to start again") in proc.stdout, proc.stdout[-3000:]
-  assert "step 1/" not in proc.stdout and "Traceback" not in proc.stdout, proc.stdout[-3000:]
-  assert checkpoint_steps(d) == []
-
-
 def test_ctrl_c_while_the_program_shuts_down_ends_it_quietly(tmp_path):
   """A Ctrl-C after the command's work is done (JAX's and orbax's atexit handlers run; a second
   Ctrl-C after an interrupted run saved) printed those handlers' tracebacks."""

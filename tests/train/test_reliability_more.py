@@ -201,6 +201,23 @@ def test_sigterm_during_evaluation_stops_after_it(tmp_path):
   assert checkpoint_steps(d) == [2] and _eval_steps(d) == [2]
 
 
+@pytest.mark.parametrize("sig,code,said", [("SIGTERM", 143, "preempted (SIGTERM)"),
+                                            ("SIGINT", 130, "interrupted (Ctrl-C)")])
+def test_a_signal_during_the_evaluation_before_training_trains_no_step(tmp_path, sig, code,
+                                                                      said):
+  """As above for the evaluation of the untrained prompt (t5x's run_eval_before_training): the
+  run compiled and trained step 1, then saved and stopped (on a real model: the whole
+  evaluation, then the compile, before it stopped)."""
+  d = str(tmp_path / "run")
+  argv = run_argv(d, 6, *EVAL_FLAGS, "--gin.prompt_jax.train.eval_before_training=True")
+  proc = common.cli_subprocess(argv, python_code=IN_EVAL.format(signal=sig))
+  assert proc.returncode == code, proc.stdout[-3000:]
+  assert (f"{said} at step 0, before training: nothing was trained yet; run the same command "
+          f"to start again") in proc.stdout, proc.stdout[-3000:]
+  assert "step 1/" not in proc.stdout and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+  assert checkpoint_steps(d) == [] and _eval_steps(d) == [0]
+
+
 def test_evaluation_killed_is_redone_on_resume(tmp_path):
   d = str(tmp_path / "run")
   argv = run_argv(d, 4, *EVAL_FLAGS)
